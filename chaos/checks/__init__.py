@@ -1,0 +1,16 @@
+"""Checkers: pure functions of (history, snapshots, config) -> CheckResult.
+
+    history (ops) + Snapshots ──> check ──> CheckResult{name, verdict, summary, details}
+                                               └─ combine(results): worst verdict wins
+
+Importing this package registers every shipped check under its YAML name:
+recompute_equivalence, leaks, liveness, evidence, isolation.
+"""
+
+from chaos.checks import evidence, isolation, leaks, liveness, recompute_equivalence  # noqa: F401  (register)
+from chaos.checks.registry import CheckSpec, get, names, register, run_checks
+from chaos.checks.result import CheckResult, Verdict, combine, worst
+from chaos.checks.snapshots import LeakError, LeakSample, ServiceExit, Snapshots
+
+__all__ = ["CheckResult", "CheckSpec", "LeakError", "LeakSample", "ServiceExit", "Snapshots", "Verdict",
+           "combine", "get", "names", "register", "run_checks", "worst"]

@@ -1,0 +1,101 @@
+"""leaks: once the stack is quiet, every lock, pin, session, staging byte and held block is 0.
+
+The runner polls each leak source (x-kvchaos `leak_sources`: an HTTP JSON endpoint and the
+fields to read from it) every `poll_interval_s` until all fields read 0 or `quiesce_s` passes,
+and records each reading in `snapshots.leak_samples`. A counter that is still above 0 at the
+final reading is a leak (F8 pins never released, F9 locks and sessions left by an abort).
+
+Verdicts:
+- failed: some source's final reading has a field != 0; details list the last value per field,
+  its peak, and how long the runner waited.
+- unknown: a source never answered (only errors or nothing at all), a field was missing from
+  the final reading, or no leak source was polled.
+- passed: every source's final reading has every field == 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from chaos.checks.registry import coerce_config, register
+from chaos.checks.result import CheckResult
+from chaos.checks.snapshots import LeakSample, Snapshots
+from chaos.history import Op
+from chaos.scenario.checks import LeaksConfig
+
+NAME = "leaks"
+
+
+def _source_names(cfg: LeaksConfig, snapshots: Snapshots) -> list[str]:
+    names: list[str] = []
+    for src in cfg.sources or []:
+        names.append(src.name)
+    for n in snapshots.leak_sources + [s.source for s in snapshots.leak_samples] + [e.source for e in snapshots.leak_errors]:
+        if n not in names:
+            names.append(n)
+    return names
+
+
+@register(NAME, LeaksConfig)
+def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
+          config: LeaksConfig | dict[str, Any] | None = None) -> CheckResult:
+    """Decide from the last reading of each leak source whether anything stayed held.
+
+    Args:
+        history: unused (leaks are state, not operations); kept for the common signature.
+        snapshots: uses `leak_sources`, `leak_samples`, `leak_errors`, `quiesce_waited_s`.
+        config: LeaksConfig or its dict (`quiesce_s` is reported when the runner did not
+            record how long it waited).
+    Returns:
+        CheckResult; details: `waited_s`, `sources` (name -> {"final": {field: value},
+        "peak": {field: value}, "time": s, "samples": n, "errors": n, "last_error": str}),
+        `leaked` (list of {source, field, value, peak}).
+    """
+    cfg = coerce_config(config, LeaksConfig)
+    waited = snapshots.quiesce_waited_s if snapshots.quiesce_waited_s is not None else cfg.quiesce_s
+    names = _source_names(cfg, snapshots)
+    sources: dict[str, dict[str, Any]] = {}
+    leaked: list[dict[str, Any]] = []
+    unread: list[str] = []
+    missing_fields: list[str] = []
+    for name in names:
+        samples: list[LeakSample] = sorted((s for s in snapshots.leak_samples if s.source == name),
+                                           key=lambda s: s.time)
+        errors = [e for e in snapshots.leak_errors if e.source == name]
+        info: dict[str, Any] = {"samples": len(samples), "errors": len(errors),
+                                "last_error": errors[-1].error if errors else None}
+        sources[name] = info
+        if not samples:
+            unread.append(name)
+            continue
+        final = samples[-1]
+        peak: dict[str, float] = {}
+        for s in samples:
+            for f, v in s.values.items():
+                if v is not None:
+                    peak[f] = max(peak.get(f, v), v)
+        info.update(final=final.values, peak=peak, time=final.time)
+        for field, value in final.values.items():
+            if value is None:
+                missing_fields.append(f"{name}.{field}")
+            elif value != 0:
+                leaked.append({"source": name, "field": field, "value": value, "peak": peak.get(field, value)})
+    details = {"waited_s": waited, "sources": sources, "leaked": leaked,
+               "unread_sources": unread, "missing_fields": missing_fields}
+    if leaked:
+        held = ", ".join(f"{x['source']}.{x['field']}={x['value']:g}" for x in leaked)
+        return CheckResult(name=NAME, verdict="failed",
+                           summary=f"still held after {waited:g}s of quiesce: {held}", details=details)
+    if not names:
+        return CheckResult(name=NAME, verdict="unknown",
+                           summary="no leak source was polled: nothing to decide on", details=details)
+    if unread:
+        why = "; ".join(f"{n}: {sources[n]['last_error'] or 'never polled'}" for n in unread)
+        return CheckResult(name=NAME, verdict="unknown",
+                           summary=f"leak source could not be read: {why}", details=details)
+    if missing_fields:
+        return CheckResult(name=NAME, verdict="unknown",
+                           summary=f"field missing from the final reading: {', '.join(missing_fields)}",
+                           details=details)
+    return CheckResult(name=NAME, verdict="passed",
+                       summary=f"all counters of {', '.join(names)} are 0 after quiesce", details=details)

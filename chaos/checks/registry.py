@@ -1,0 +1,109 @@
+"""The check registry: YAML key under `checks:` -> checker function and its config model.
+
+Each check module registers itself on import (`@register("leaks", LeaksConfig)`); the name in
+the YAML, the registry, result.json, junit.xml and the HTML report is the same string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+from pydantic import BaseModel
+
+from chaos.checks.result import CheckResult
+from chaos.checks.snapshots import Snapshots
+
+CheckFn = Callable[[list[Any], Snapshots, Any], CheckResult]
+C = TypeVar("C", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A registered check: its YAML name, function and config model."""
+
+    name: str
+    fn: CheckFn
+    config_model: type[BaseModel]
+    doc: str
+
+
+_REGISTRY: dict[str, CheckSpec] = {}
+
+
+def register(name: str, config_model: type[BaseModel]) -> Callable[[CheckFn], CheckFn]:
+    """Decorator: register `fn` as the check called `name` (its YAML key).
+
+    Raises:
+        ValueError: a check with that name is already registered.
+    """
+
+    def deco(fn: CheckFn) -> CheckFn:
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"check {name!r} is registered twice")
+        _REGISTRY[name] = CheckSpec(name, fn, config_model, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+
+    return deco
+
+
+def names() -> list[str]:
+    """Registered check names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> CheckSpec:
+    """The check registered as `name`.
+
+    Raises:
+        KeyError: no such check; the message lists the known names.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown check {name!r}; known checks: {', '.join(names())}") from None
+
+
+def coerce_config(config: Any, model: type[C]) -> C:
+    """Turn a check's config (None, a dict from YAML, or the scenario's pydantic model) into `model`.
+
+    Raises:
+        pydantic.ValidationError: the dict does not fit the model.
+    """
+    if config is None:
+        return model()
+    if isinstance(config, model):
+        return config
+    if isinstance(config, BaseModel):
+        config = config.model_dump()
+    return model.model_validate(config)
+
+
+def run_checks(history: Iterable[Any], snapshots: Snapshots,
+               checks: Mapping[str, Any]) -> list[CheckResult]:
+    """Run the checks a scenario asks for, in the order given.
+
+    Args:
+        history: the run's ops (dicts or `Op` models).
+        snapshots: the runner's final-state snapshots.
+        checks: check name -> its config (dict, pydantic model or None), e.g. the scenario's
+            `checks:` mapping.
+    Returns:
+        one CheckResult per requested check. A check that raises is reported as "unknown" with
+        the exception in its summary (a crashing checker cannot decide, it must not pass).
+    Raises:
+        KeyError: a name is not a registered check.
+    """
+    ops = list(history)
+    out: list[CheckResult] = []
+    for name, cfg in checks.items():
+        spec = get(name)
+        if cfg is None:
+            cfg = spec.config_model()
+        try:
+            out.append(spec.fn(ops, snapshots, cfg))
+        except Exception as exc:  # a checker bug must surface as "could not decide"
+            out.append(CheckResult(name=name, verdict="unknown",
+                                   summary=f"check crashed: {type(exc).__name__}: {exc}",
+                                   details={"exception": repr(exc)}))
+    return out

@@ -1,0 +1,79 @@
+"""Snapshots: the final state the runner collects next to the history, input to every check.
+
+The history says what clients and the nemesis saw; snapshots say what the stack looked like
+around it. The runner fills them (all fields optional, so a check whose input is missing
+answers "unknown" instead of guessing):
+
+- `expected`: request id -> token ids the recompute twin (same model, cache off, local prefix
+  cache off) produced for the same prompt and cache_salt. The recompute oracle.
+- `leak_samples`: readings of each leak source polled after the workload, until every field
+  is 0 or the quiesce deadline passes. `leak_errors`: polls that failed.
+- `service_exits`: every service process that exited during the run, and whether a fault
+  (process kill) caused it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class LeakSample(BaseModel):
+    """One reading of one leak source.
+
+    Attributes:
+        source: leak source name (x-kvchaos `leak_sources[].name`, e.g. "lmcache", "engine").
+        time: s since run start (same clock as the history).
+        values: reported field name -> number (locks, pins, sessions, staging bytes, ...);
+            None when the field's path was missing from the answer.
+    """
+
+    source: str
+    time: float
+    values: dict[str, float | None]
+
+
+class LeakError(BaseModel):
+    """A poll of a leak source that failed (connection refused, bad JSON, HTTP 5xx)."""
+
+    source: str
+    time: float
+    error: str
+
+
+class ServiceExit(BaseModel):
+    """A service process that exited while the run was going on.
+
+    Attributes:
+        service: service name in the stack file.
+        time: s since run start.
+        returncode: the process exit status (negative: killed by that signal number).
+        killed_by_fault: True when a nemesis fault (process kill/restart) caused the exit.
+    """
+
+    service: str
+    time: float
+    returncode: int | None = None
+    killed_by_fault: bool = False
+
+
+class Snapshots(BaseModel):
+    """Everything the checks need besides the history.
+
+    Attributes:
+        expected: request_id -> expected output token ids from the recompute twin.
+        leak_sources: names of the leak sources the runner polled (so a source that never
+            answered is visible even with no sample and no error).
+        leak_samples: chronological readings, all sources mixed.
+        leak_errors: failed polls.
+        quiesce_waited_s: seconds the runner waited for leak counters to reach 0 (None: unknown).
+        service_exits: exits of service processes during the run.
+        chunk_size: LMCache chunk size in tokens (256 by default), for report wording.
+    """
+
+    expected: dict[str, list[int]] = Field(default_factory=dict)
+    leak_sources: list[str] = Field(default_factory=list)
+    leak_samples: list[LeakSample] = Field(default_factory=list)
+    leak_errors: list[LeakError] = Field(default_factory=list)
+    quiesce_waited_s: float | None = None
+    service_exits: list[ServiceExit] = Field(default_factory=list)
+    chunk_size: int = 256

@@ -1,0 +1,175 @@
+"""The ``kvchaos`` command line.
+
+Exit codes (DESIGN.md): 0 all checks passed, 1 a check failed, 2 the scenario or stack file is
+invalid, 3 infrastructure error (a stack did not start), 4 inconclusive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from chaos.yamlsource import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INFRA, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+
+app = typer.Typer(help="kvchaos: fault-injection testing for LLM serving stacks that reuse KV cache.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+stack_app = typer.Typer(help="Bring a stack file's services up or down as local processes.",
+                        no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+
+
+def _add_layer_commands() -> None:
+    """Sub-commands of the other layers; each module keeps heavy imports (torch) inside its
+    commands so that `kvchaos --help` stays fast."""
+    from chaos.engine.cli import app as engine_app
+    from chaos.proxy.cli import app as proxy_app
+
+    app.add_typer(proxy_app, name="proxy")
+    app.add_typer(engine_app, name="engine")
+
+
+_add_layer_commands()
+
+console = Console(stderr=True)
+out = Console(width=120)
+
+
+def fail_config(exc: ConfigError) -> None:
+    """Print a ConfigError (every problem, file:line: field: message) and exit 2."""
+    for line in exc.problems:
+        print(f"error: {line}", file=sys.stderr)
+    raise typer.Exit(EXIT_INVALID)
+
+
+def _stack_run_dir(file: Path) -> Path:
+    """Where a detached stack started from ``file`` keeps its state (one per stack file)."""
+    from chaos.journal import state_dir
+
+    key = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
+    return state_dir() / "stacks" / f"{file.stem}-{key}"
+
+
+@stack_app.command("up")
+def stack_up(file: Path = typer.Argument(..., help="stack file (compose format with x-kvchaos)"),
+             service: list[str] = typer.Option(None, "--service", "-s",
+                                               help="start only this service and its dependencies (repeatable)")
+             ) -> None:
+    """Start every service of FILE as local processes, wait until healthy, and leave them running."""
+    from chaos.stack.base import StackError
+    from chaos.stack.local import LocalStack
+
+    run_dir = _stack_run_dir(file)
+    if (run_dir / "state.json").exists():
+        console.print(f"stack {file} is already up (state in {run_dir}); `kvchaos stack down {file}` first")
+        raise typer.Exit(EXIT_INFRA)
+    try:
+        stack = LocalStack(file, run_dir=run_dir)
+        if service:
+            stack.spec.with_dependencies(service)
+    except ConfigError as exc:
+        fail_config(exc)
+    try:
+        with console.status(f"starting {file} ..."):
+            stack.up(service or None)
+    except StackError as exc:
+        console.print(f"[red]stack did not start:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_INFRA)
+    _print_status(stack)
+    console.print(f"logs: {stack.log_dir}")
+
+
+@stack_app.command("down")
+def stack_down(file: Path = typer.Argument(..., help="stack file given to `stack up`")) -> None:
+    """Stop every service of a stack started with `kvchaos stack up FILE`."""
+    from chaos.stack.local import LocalStack
+
+    run_dir = _stack_run_dir(file)
+    if not (run_dir / "state.json").exists():
+        console.print(f"stack {file} is not up")
+        return
+    try:
+        stack = LocalStack.attach(run_dir)
+    except ConfigError as exc:
+        fail_config(exc)
+    stack.down()
+    console.print(f"stack {file} is down")
+
+
+@stack_app.command("status")
+def stack_status(file: Path = typer.Argument(..., help="stack file given to `stack up`"),
+                 as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Show the services of a stack started with `kvchaos stack up FILE`."""
+    from chaos.stack.local import LocalStack
+
+    run_dir = _stack_run_dir(file)
+    if not (run_dir / "state.json").exists():
+        console.print(f"stack {file} is not up")
+        raise typer.Exit(EXIT_INFRA)
+    try:
+        stack = LocalStack.attach(run_dir)
+    except ConfigError as exc:
+        fail_config(exc)
+    if as_json:
+        st = stack.status()
+        out.print_json(json.dumps({n: {"state": s.state, "pid": s.pid} for n, s in st.items()}))
+        return
+    _print_status(stack)
+
+
+def _print_status(stack) -> None:
+    table = Table(title=f"stack {stack.spec.path}")
+    table.add_column("service")
+    table.add_column("state")
+    table.add_column("pid")
+    for name, s in stack.status().items():
+        table.add_row(name, s.state, str(s.pid or ""))
+    out.print(table)
+    ports = {k: v for k, v in sorted(stack.env.items()) if k.endswith("_PORT")}
+    if ports:
+        out.print("ports: " + ", ".join(f"{k}={v}" for k, v in ports.items()), highlight=False)
+
+
+@app.command("probe")
+def probe_cmd(url: str = typer.Argument(..., help="http(s)://host:port/path or tcp://host:port"),
+              timeout: float = typer.Option(2.0, help="seconds")) -> None:
+    """Health probe for stack files: exit 0 when URL answers (HTTP 2xx, or TCP connect)."""
+    from chaos.stack.probe import probe
+
+    try:
+        ok, detail = probe(url, timeout_s=timeout)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID)
+    print(detail)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command("doctor")
+def doctor_cmd() -> None:
+    """Show which optional parts are present (Docker, compose, redis-server, lmcache, torch,
+    tmpfs mounts) and what to do about each missing one. Always exits 0."""
+    from chaos.doctor import run_checks
+
+    table = Table(title="kvchaos doctor")
+    for col in ("part", "status", "detail", "needed for", "what to do"):
+        table.add_column(col)
+    for f in run_checks():
+        table.add_row(f.name, "ok" if f.ok else "MISSING", f.detail, f.needed_for, f.fix)
+    Console(width=200).print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""``kvchaos doctor``: which optional parts of a kvchaos set-up are present, and what to do
+about each missing one."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+
+@dataclass
+class Finding:
+    """One optional part: ``ok`` True/False, what was seen, and the fix when missing."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    needed_for: str = ""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _run(argv: list[str], timeout_s: float = 10.0) -> tuple[int, str]:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
+def check_docker_engine() -> Finding:
+    """Docker CLI present and the engine answers ``docker info``."""
+    if not shutil.which("docker"):
+        return Finding("docker engine", False, "docker CLI not found",
+                       "apt-get install docker.io, then start dockerd (scripts/docker-setup.sh)",
+                       "--backend compose")
+    rc, out = _run(["docker", "info", "--format", "{{.ServerVersion}}"])
+    if rc != 0:
+        return Finding("docker engine", False, "docker CLI found, engine not reachable: " + out.splitlines()[-1:][0]
+                       if out else "engine not reachable",
+                       "start the engine: scripts/docker-setup.sh (or `dockerd &` as root)", "--backend compose")
+    return Finding("docker engine", True, f"server {out}")
+
+
+def check_compose() -> Finding:
+    """``docker compose`` (v2) or ``docker-compose`` (v1)."""
+    if shutil.which("docker"):
+        rc, out = _run(["docker", "compose", "version", "--short"])
+        if rc == 0:
+            return Finding("docker compose", True, f"v2 ({out})")
+    if shutil.which("docker-compose"):
+        rc, out = _run(["docker-compose", "version", "--short"])
+        if rc == 0:
+            return Finding("docker compose", True, f"v1 docker-compose ({out})")
+    return Finding("docker compose", False, "neither `docker compose` nor `docker-compose` found",
+                   "apt-get install docker-compose (v1) or the compose v2 plugin", "--backend compose")
+
+
+def check_redis() -> Finding:
+    """Debian's redis-server, for the reference stack's L2."""
+    path = shutil.which("redis-server")
+    if not path:
+        return Finding("redis-server", False, "not on PATH", "apt-get install redis-server (make setup does it)",
+                       "reference stack")
+    rc, out = _run([path, "--version"])
+    return Finding("redis-server", rc == 0, out.split(" sha=")[0] if rc == 0 else out)
+
+
+def check_package(dist: str, needed_for: str, fix: str) -> Finding:
+    """A Python distribution importable in this environment."""
+    v = _version(dist)
+    return Finding(dist, v is not None, f"version {v}" if v else "not installed", "" if v else fix, needed_for)
+
+
+def check_lmcache_cli() -> Finding:
+    """The ``lmcache`` console script (``lmcache server``)."""
+    from chaos.stack.environment import service_environment
+
+    path = shutil.which("lmcache", path=service_environment()["PATH"])
+    if not path:
+        return Finding("lmcache server", False, "`lmcache` not on PATH", "make setup", "reference stack")
+    return Finding("lmcache server", True, path)
+
+
+def check_tmpfs_mount() -> Finding:
+    """Permission to mount a size-capped tmpfs (the local disk_full fault)."""
+    if os.geteuid() != 0:
+        return Finding("tmpfs mount", False, "not root", "run as root (or use --backend compose, which "
+                       "gives the L2 container a tmpfs with a size)", "disk_full (local backend)")
+    d = tempfile.mkdtemp(prefix="kvchaos-doctor-")
+    try:
+        rc, out = _run(["mount", "-t", "tmpfs", "-o", "size=1m", "kvchaos-doctor", d])
+        if rc != 0:
+            return Finding("tmpfs mount", False, out or f"mount exited {rc}",
+                           "run where mounting is allowed (root, CAP_SYS_ADMIN)", "disk_full (local backend)")
+        _run(["umount", d])
+        return Finding("tmpfs mount", True, "mount -t tmpfs -o size=1m works")
+    finally:
+        os.rmdir(d)
+
+
+def run_checks() -> list[Finding]:
+    """Every check, in report order."""
+    return [
+        check_package("torch", "reference engine", "make setup (pins torch==2.13.0, the CPU build)"),
+        check_package("transformers", "reference engine", "make setup"),
+        check_package("lmcache", "reference stack", "make setup (installs lmcache==0.5.6 without CUDA deps)"),
+        check_lmcache_cli(),
+        check_redis(),
+        check_docker_engine(),
+        check_compose(),
+        check_tmpfs_mount(),
+    ]

@@ -1,0 +1,241 @@
+"""The engine's HTTP surface (FastAPI): vLLM's completions API subset, metrics, state, hooks.
+
+Contract: docs/architecture.md section 2. A client that disconnects (stream or not) aborts
+its request: the scheduler frees its blocks, its LMCache lookup locks and its session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chaos.engine.protocol import CompletionRequest, PreemptHook, StallHook, error_body
+from chaos.engine.request import Request, TokenEvent
+from chaos.engine.scheduler import EngineCore, RequestRejected
+from chaos.engine.tokenizer import ByteTokenizer
+
+log = logging.getLogger("kvchaos.engine.api")
+
+DISCONNECT_POLL_S = 0.1
+
+
+def _bad_request(message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, 400, "BadRequestError", param), status_code=400)
+
+
+def _logprobs_block(events: list[TokenEvent]) -> dict[str, Any]:
+    """OpenAI completions ``logprobs`` (tokens spelled ``token_id:N`` as vLLM's
+    ``--return-tokens-as-token-ids`` does, so that they are unique)."""
+    return {
+        "tokens": [f"token_id:{e.token_id}" for e in events],
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": [
+            {f"token_id:{t}": lp for t, lp in (e.top_logprobs or {}).items()} for e in events
+        ],
+        "text_offset": list(range(len(events))),
+    }
+
+
+def create_app(core: EngineCore) -> FastAPI:
+    """Build the FastAPI app around a started ``EngineCore``.
+
+    Args:
+        core: the engine.
+
+    Returns:
+        the ASGI app.
+    """
+    app = FastAPI(title="kvchaos reference engine", docs_url=None, redoc_url=None)
+    tok = ByteTokenizer()
+    cfg = core.config
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: HttpRequest, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        parts, param = [], None
+        for e in errors:
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+            param = param or loc or None
+            parts.append(f"{loc or 'body'}: {e.get('msg')}")
+        return _bad_request("; ".join(parts) or "invalid request", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: HttpRequest, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "NotFoundError" if exc.status_code == 404 else "BadRequestError"
+        return JSONResponse(error_body(str(exc.detail), exc.status_code, kind),
+                            status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{
+            "id": cfg.served_model_name, "object": "model", "created": int(core.started_at),
+            "owned_by": "kvchaos", "root": cfg.served_model_name,
+            "max_model_len": core.capacity_tokens, "fingerprint": core.fingerprint}]})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(core.metrics.render(),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/debug/state")
+    async def debug_state() -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(core.debug_state))
+
+    @app.post("/hooks/preempt")
+    async def hook_preempt(body: PreemptHook) -> JSONResponse:
+        ids = await asyncio.wrap_future(core.hook("preempt", body.request_id))
+        return JSONResponse({"preempted": ids})
+
+    @app.post("/hooks/stall")
+    async def hook_stall(body: StallHook) -> JSONResponse:
+        try:
+            res = await asyncio.wrap_future(
+                core.hook("stall", (body.point, body.seconds, body.count)))
+        except ValueError as exc:
+            return _bad_request(str(exc), "point")
+        return JSONResponse(res)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        await asyncio.wrap_future(core.hook("reset_prefix_cache", None))
+        return JSONResponse({})
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: HttpRequest) -> Any:
+        request_id = http.headers.get("x-request-id") or uuid.uuid4().hex
+        if isinstance(body.prompt, str):
+            prompt = tok.encode(body.prompt)
+        else:
+            prompt = list(body.prompt)
+            bad = [t for t in prompt if not 0 <= t < cfg.model.vocab_size]
+            if bad:
+                return _bad_request(f"token ids out of range [0, {cfg.model.vocab_size}): "
+                                    f"{bad[:5]}", "prompt")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        req = Request(request_id=request_id, prompt=prompt, max_tokens=body.max_tokens,
+                      cache_salt=body.cache_salt, logprobs=body.logprobs,
+                      ignore_eos=body.ignore_eos)
+        req.sink = lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev)
+        try:
+            core.add_request(req)
+        except RequestRejected as exc:
+            return _bad_request(str(exc), "prompt")
+        created = int(time.time())
+        cid = f"cmpl-{request_id}"
+
+        def final_fields(finish_reason: str | None) -> dict[str, Any]:
+            stats = {
+                "local_cache_hit_tokens": req.local_hit_tokens,
+                "external_cache_hit_tokens": req.external_hit_tokens,
+                "lookup": req.lookup_status if req.lookup_status != "unset" else "disabled",
+                "load_failed_tokens": req.load_failed_tokens,
+                "num_preemptions": req.num_preemptions,
+            }
+            return {
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": len(req.output),
+                    "total_tokens": len(prompt) + len(req.output),
+                    "prompt_tokens_details": {
+                        "cached_tokens": req.local_hit_tokens + req.external_hit_tokens},
+                },
+                "kv_transfer_params": {"cached_token_stats": stats},
+            }
+
+        if body.stream:
+            return StreamingResponse(
+                _stream(core, req, queue, cid, created, cfg.served_model_name, body, tok,
+                        final_fields),
+                media_type="text/event-stream", headers={"X-Request-Id": request_id})
+
+        events: list[TokenEvent] = []
+        done = False
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        log.info("client of %s disconnected; aborting", request_id)
+                        return JSONResponse({}, status_code=499)
+                    continue
+                if ev.final:
+                    done = True
+                    if ev.error:
+                        kind = "InternalServerError" if ev.error_code >= 500 else "BadRequestError"
+                        return JSONResponse(error_body(ev.error, ev.error_code, kind),
+                                            status_code=ev.error_code)
+                    finish = ev.finish_reason
+                    break
+                events.append(ev)
+        finally:
+            if not done:
+                core.abort(request_id)
+        out_ids = [e.token_id for e in events]
+        choice = {"index": 0, "text": tok.decode(out_ids), "token_ids": out_ids,
+                  "prompt_token_ids": prompt,
+                  "logprobs": _logprobs_block(events) if body.logprobs is not None else None,
+                  "finish_reason": finish, "stop_reason": None}
+        return JSONResponse({"id": cid, "object": "text_completion", "created": created,
+                             "model": cfg.served_model_name, "choices": [choice],
+                             **final_fields(finish)}, headers={"X-Request-Id": request_id})
+
+    return app
+
+
+async def _stream(core: EngineCore, req: Request, queue: asyncio.Queue, cid: str,
+                  created: int, model: str, body: CompletionRequest, tok: ByteTokenizer,
+                  final_fields: Any) -> AsyncIterator[str]:
+    """SSE events: one per token, then a final one with usage and kv_transfer_params."""
+    done = False
+    first = True
+    try:
+        while True:
+            ev: TokenEvent = await queue.get()
+            if ev.final:
+                done = True
+                if ev.error:
+                    kind = "InternalServerError" if ev.error_code >= 500 else "BadRequestError"
+                    yield "data: " + json.dumps(
+                        {"error": error_body(ev.error, ev.error_code, kind)}) + "\n\n"
+                else:
+                    chunk = {"id": cid, "object": "text_completion", "created": created,
+                             "model": model,
+                             "choices": [{"index": 0, "text": "", "token_ids": [],
+                                          "logprobs": None,
+                                          "finish_reason": ev.finish_reason}],
+                             **final_fields(ev.finish_reason)}
+                    yield "data: " + json.dumps(chunk) + "\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            choice: dict[str, Any] = {"index": 0, "text": tok.token_text(ev.token_id),
+                                      "token_ids": [ev.token_id], "logprobs": None,
+                                      "finish_reason": None}
+            if first:
+                choice["prompt_token_ids"] = req.prompt
+                first = False
+            if body.logprobs is not None:
+                choice["logprobs"] = _logprobs_block([ev])
+            yield "data: " + json.dumps({"id": cid, "object": "text_completion",
+                                         "created": created, "model": model,
+                                         "choices": [choice]}) + "\n\n"
+    finally:
+        if not done:
+            log.info("stream of %s closed early; aborting", req.request_id)
+            core.abort(req.request_id)

@@ -1,0 +1,42 @@
+"""Planted bug classes (``--bug NAME``, repeatable). Without ``--bug`` none of them exists.
+
+Each one reproduces a class from /work/shared/corpus/field-reports.md, so that the scenario
+catalogue can prove it catches it. One line each: the name is the CLI value, the report name
+and the value in ``/debug/state``'s ``bugs``.
+"""
+
+from __future__ import annotations
+
+BUGS: dict[str, str] = {
+    # F3/F7: an LMCache retrieve that failed (or was cut short) still counts as loaded KV.
+    "trust-failed-load": "a failed or partial LMCache load is trusted as a hit (blocks keep stale KV)",
+    # F9/F8: abort leaks the server-side lookup locks and session.
+    "skip-abort-cleanup": "on abort, skip free_lookup_locks and end_session (locks and session leak)",
+    # F1/F2: off-by-one hit length.
+    "hit-plus-one-token": "report (and skip computing) one token more than LMCache loaded",
+    "hit-plus-one-chunk": "report (and skip computing) one chunk more than LMCache loaded",
+    # F12: the cache key lacks tenant identity.
+    "drop-cache-salt": "cache_salt is left out of the LMCache key and the local prefix-cache hash",
+    # F10: bookkeeping drift under preemption.
+    "stale-blocks-on-resume": "a preempted request resumes on its old block ids without recompute",
+    # store ordering: the chunk's KV is not computed yet when it is stored.
+    "store-before-compute": "full chunks are stored right after allocation, before their KV is computed",
+}
+
+
+def validate_bugs(names: list[str]) -> list[str]:
+    """Check ``--bug`` values.
+
+    Args:
+        names: values given on the command line.
+
+    Returns:
+        the sorted, de-duplicated names.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    unknown = [n for n in names if n not in BUGS]
+    if unknown:
+        raise ValueError(f"unknown --bug {unknown}; known: {', '.join(sorted(BUGS))}")
+    return sorted(set(names))

@@ -1,0 +1,77 @@
+"""Engine settings (one field per ``kvchaos engine serve`` flag) and the engine fingerprint."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from chaos import __version__
+from chaos.engine.bugs import validate_bugs
+from chaos.engine.model import ModelSpec
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs; see ``chaos/engine/cli.py`` for the flag help.
+
+    Attributes:
+        model: model shape and seed.
+        served_model_name: ``model`` reported by the API.
+        num_blocks: blocks in the KV pool.
+        block_size: tokens per block; must divide ``prefill_segment``.
+        prefill_segment: canonical prefill segment (tokens); boundaries at its multiples.
+            Must divide LMCache's chunk size (checked at connect).
+        max_num_seqs: most requests running at once.
+        enable_prefix_caching: the engine's own prefix cache (APC).
+        kv_connector: ``lmcache-mp`` or ``none``.
+        lmcache_url: LMCache server ZMQ address (``tcp://HOST:PORT``).
+        kv_load_failure_policy: ``recompute`` (compute what failed to load) or ``fail``
+            (the request fails with HTTP 500).
+        lmcache_mq_timeout: seconds one LMCache MQ call may take.
+        lmcache_heartbeat_interval: seconds between LMCache health pings.
+        threads: torch intra-op threads (fixed: results must not depend on the machine).
+        bugs: planted bug names (see ``bugs.py``).
+    """
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    served_model_name: str = "kvchaos-ref"
+    num_blocks: int = 1024
+    block_size: int = 16
+    prefill_segment: int = 256
+    max_num_seqs: int = 16
+    enable_prefix_caching: bool = False
+    kv_connector: str = "none"
+    lmcache_url: str = "tcp://127.0.0.1:5555"
+    kv_load_failure_policy: str = "recompute"
+    lmcache_mq_timeout: float = 5.0
+    lmcache_heartbeat_interval: float = 2.0
+    threads: int = 1
+    bugs: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        """Check the settings.
+
+        Raises:
+            ValueError: with the offending flag named.
+        """
+        self.model.validate()
+        self.bugs = validate_bugs(self.bugs)
+        if self.kv_connector not in ("lmcache-mp", "none"):
+            raise ValueError("--kv-connector must be lmcache-mp or none")
+        if self.kv_load_failure_policy not in ("recompute", "fail"):
+            raise ValueError("--kv-load-failure-policy must be recompute or fail")
+        if self.block_size < 1 or self.prefill_segment % self.block_size:
+            raise ValueError("--block-size must divide --prefill-segment")
+        if self.num_blocks < 2:
+            raise ValueError("--num-blocks must be at least 2")
+        if self.threads < 1:
+            raise ValueError("--threads must be at least 1")
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of model config, dtype, seed, engine version and the numerics settings."""
+        extra = f"{self.prefill_segment}/{self.threads}"
+        return self.model.fingerprint(f"{__version__}/{extra}")
+
+    def to_dict(self) -> dict:
+        """Plain-JSON view for ``/debug/state``."""
+        return asdict(self)

@@ -1,0 +1,215 @@
+"""The reference engine's model: a Llama (transformers) run against a paged KV pool.
+
+The weights live in a transformers ``LlamaForCausalLM`` built from a ``LlamaConfig`` with
+seeded random initialisation (no download). The forward pass is our own, using the modules'
+weights, so that KV is read from and written to the paged pool directly::
+
+    token ids ─> embed ─> [rmsnorm ─> q,k,v proj ─> rope ─> write k,v to slots ─> gather
+                          k,v of positions [0, end) ─> causal attention ─> o proj ─> + ─>
+                          rmsnorm ─> mlp ─> +] x layers ─> norm ─> lm_head (last row)
+
+Bit-exact recompute equivalence: a CPU GEMM may round differently for a different number of
+rows, so every prompt position is computed in a *canonical segment* (see
+``chaos.engine.segments``) and every generated position by a one-row decode step. A position's
+KV therefore has the same bits whether it was computed now, loaded from LMCache or reused from
+the local prefix cache. Requests are never fused into one GEMM for the same reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+
+from chaos.engine.kv_pool import KVPool
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of the seeded random Llama model.
+
+    Attributes:
+        num_layers: decoder layers.
+        hidden_size: model width.
+        num_heads: query heads; ``hidden_size % num_heads == 0``.
+        num_kv_heads: KV heads (GQA); ``num_heads % num_kv_heads == 0``.
+        intermediate_size: MLP width.
+        vocab_size: embedding rows; at least the tokenizer's vocabulary (259).
+        dtype: ``"float32"`` or ``"bfloat16"``.
+        seed: ``torch.manual_seed`` value for the weights.
+        init_std: std of the normal weight init. Larger than transformers' 0.02 default so
+            that the output depends on the whole context (a model that ignores its context
+            would hide wrong KV from the recompute-equivalence check).
+        max_positions: rope table length (tokens).
+    """
+
+    num_layers: int = 4
+    hidden_size: int = 512
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    intermediate_size: int = 1024
+    vocab_size: int = 512
+    dtype: str = "float32"
+    seed: int = 0
+    init_std: float = 0.08
+    max_positions: int = 32768
+
+    @property
+    def head_size(self) -> int:
+        """Per-head width (elements)."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype named by ``dtype``."""
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.dtype]
+
+    def validate(self) -> None:
+        """Check the shape constraints.
+
+        Raises:
+            ValueError: a size does not divide, or the dtype is unknown.
+        """
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be a multiple of num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.vocab_size < 259:
+            raise ValueError("vocab_size must be at least 259 (256 bytes + 3 specials)")
+
+    def fingerprint(self, engine_version: str) -> str:
+        """A short hash of everything that decides the output bits.
+
+        Args:
+            engine_version: the kvchaos version string.
+
+        Returns:
+            16 hex characters; equal fingerprints mean equal outputs for equal inputs.
+        """
+        blob = json.dumps({"spec": self.__dict__, "version": engine_version,
+                           "torch": torch.__version__}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class PagedLlama:
+    """A seeded random Llama whose attention reads and writes a ``KVPool``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        """Build the model (seeded, no download).
+
+        Args:
+            spec: model shape.
+
+        Raises:
+            ValueError: invalid ``spec``.
+        """
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        spec.validate()
+        self.spec = spec
+        config = LlamaConfig(
+            vocab_size=spec.vocab_size,
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads,
+            num_key_value_heads=spec.num_kv_heads,
+            max_position_embeddings=spec.max_positions,
+            initializer_range=spec.init_std,
+            tie_word_embeddings=False,
+        )
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)
+        # transformers may skip or defer init; make the weights a pure function of the seed.
+        gen = torch.Generator().manual_seed(spec.seed)
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters()):
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * spec.init_std)
+        model = model.to(spec.torch_dtype).eval()
+        self.model = model
+        self._layers = model.model.layers
+        self._scale = spec.head_size ** -0.5
+        inv_freq = 1.0 / (config.rope_theta if hasattr(config, "rope_theta") else 10000.0) ** (
+            torch.arange(0, spec.head_size, 2, dtype=torch.float32) / spec.head_size)
+        self._inv_freq = inv_freq
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self._inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dt = self.spec.torch_dtype
+        return emb.cos().to(dt), emb.sin().to(dt)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], start: int, block_table: list[int],
+                pool: KVPool) -> torch.Tensor:
+        """Compute positions ``[start, start + len(token_ids))`` of one request.
+
+        Writes their K and V into the request's blocks and attends over positions
+        ``[0, end)`` read back from the pool (so earlier positions may have been computed,
+        loaded from LMCache or shared from the prefix cache).
+
+        Args:
+            token_ids: the tokens at those positions (T >= 1).
+            start: absolute position of ``token_ids[0]``.
+            block_table: the request's block ids; must cover positions ``[0, end)``.
+            pool: the paged KV pool.
+
+        Returns:
+            float32 logits of the last position, shape ``[vocab_size]``.
+
+        Raises:
+            IndexError: the block table does not cover ``end`` positions.
+        """
+        T = len(token_ids)
+        end = start + T
+        spec = self.spec
+        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_size
+        bs = pool.block_size
+        if len(block_table) * bs < end:
+            raise IndexError(f"block table covers {len(block_table) * bs} < {end} positions")
+        table = torch.tensor(block_table, dtype=torch.long)
+        all_pos = torch.arange(end)
+        slots_all = table[all_pos // bs] * bs + all_pos % bs
+        new_slots = slots_all[start:]
+        cos, sin = self._rope(all_pos[start:])
+        # Causal mask of the segment's rows over keys [0, end).
+        mask = torch.arange(end)[None, :] > (start + torch.arange(T))[:, None]
+        x = self.model.model.embed_tokens(torch.tensor(token_ids, dtype=torch.long))
+        for li, layer in enumerate(self._layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(T, nh, hd)
+            k = attn.k_proj(h).view(T, nkv, hd)
+            v = attn.v_proj(h).view(T, nkv, hd)
+            q = self._rotate(q, cos, sin)
+            k = self._rotate(k, cos, sin)
+            flat = pool.layer_flat(li)  # [2, slots, nkv, hd]
+            flat[0].index_copy_(0, new_slots, k)
+            flat[1].index_copy_(0, new_slots, v)
+            keys = flat[0].index_select(0, slots_all)  # [end, nkv, hd]
+            values = flat[1].index_select(0, slots_all)
+            group = nh // nkv
+            keys = keys.permute(1, 0, 2).repeat_interleave(group, dim=0)  # [nh, end, hd]
+            values = values.permute(1, 0, 2).repeat_interleave(group, dim=0)
+            qh = q.permute(1, 0, 2)  # [nh, T, hd]
+            scores = torch.matmul(qh, keys.transpose(1, 2)).float() * self._scale
+            scores.masked_fill_(mask[None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(values.dtype)
+            out = torch.matmul(probs, values).permute(1, 0, 2).reshape(T, nh * hd)
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = self.model.model.norm(x[-1:])
+        return self.model.lm_head(last)[0].float()

@@ -1,0 +1,615 @@
+"""EngineCore: the step scheduler (continuous batching, recompute-style preemption).
+
+One thread runs ``step()`` in a loop. A step:
+
+1. handles aborts (frees blocks, LMCache lookup locks and session) and hook requests;
+2. admits waiting requests in arrival order: LMCache lookup (polled, never blocking) →
+   local prefix-cache match → block allocation for the prompt → retrieve the chunks LMCache
+   holds beyond the local hit (failure → ``kv_load_failure_policy``);
+3. gives every running request one unit of work: one canonical prefill segment, or one
+   decode token (a resumed request first replays its earlier output one token at a time);
+   when a decode step finds no free block, the newest running request is preempted
+   (vLLM V1: free its blocks, requeue it at the head, recompute on resume, look it up in
+   LMCache again);
+4. stores a request's full prompt chunks once its prefill is done; finishes requests.
+
+Requests are batched per step but computed one by one: a fused GEMM over several requests
+would round differently from the recompute twin's (see ``model.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from chaos import __version__
+from chaos.engine.block_manager import BlockManager, block_hashes
+from chaos.engine.config import EngineConfig
+from chaos.engine.connector import LMCacheConnector
+from chaos.engine.kv_pool import KVPool
+from chaos.engine.metrics import Metrics
+from chaos.engine.model import PagedLlama
+from chaos.engine.request import Phase, Request, TokenEvent
+from chaos.engine.tokenizer import EOS_ID
+
+log = logging.getLogger("kvchaos.engine.scheduler")
+
+STALL_POINTS = ("before_lookup", "before_retrieve", "before_store")
+
+
+class RequestRejected(ValueError):
+    """The request can never run on this engine (e.g. it needs more KV than the pool)."""
+
+
+class EngineCore:
+    """Owns the model, the KV pool, the block manager and the LMCache connector."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        """Build the model and pool; connect to LMCache in the background.
+
+        Args:
+            config: validated engine settings.
+
+        Raises:
+            ValueError: invalid settings.
+        """
+        config.validate()
+        self.config = config
+        torch.set_num_threads(config.threads)
+        self.model = PagedLlama(config.model)
+        spec = config.model
+        self.pool = KVPool(spec.num_layers, config.num_blocks, config.block_size,
+                           spec.num_kv_heads, spec.head_size, spec.torch_dtype)
+        self.blocks = BlockManager(config.num_blocks, config.block_size,
+                                   config.enable_prefix_caching)
+        self.fingerprint = config.fingerprint
+        self.bugs = set(config.bugs)
+        self.metrics = Metrics(config.served_model_name)
+        self.connector: LMCacheConnector | None = None
+        if config.kv_connector == "lmcache-mp":
+            self.connector = LMCacheConnector(
+                config.lmcache_url, f"{config.served_model_name}-{self.fingerprint}",
+                config.block_size, self.pool, config.lmcache_mq_timeout,
+                config.lmcache_heartbeat_interval, on_state_change=self.wake)
+        self.requests: dict[str, Request] = {}
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self._aborting: list[Request] = []
+        self._inbox: list[Request] = []
+        self._abort_ids: set[str] = set()
+        self._hooks: list[tuple[str, Any, concurrent.futures.Future]] = []
+        self._stalls: dict[str, list[float]] = {p: [] for p in STALL_POINTS}
+        self._inbox_lock = threading.Lock()
+        self.state_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started_at = time.time()
+
+    # ---- thread-safe entry points -----------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the whole block pool holds."""
+        return self.config.num_blocks * self.config.block_size
+
+    def add_request(self, req: Request) -> None:
+        """Queue a request (any thread).
+
+        Raises:
+            RequestRejected: prompt + max_tokens exceed the block pool, or the id is in use.
+        """
+        need = len(req.prompt) + req.max_tokens
+        if need > self.capacity_tokens:
+            raise RequestRejected(
+                f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) = {need} "
+                f"exceeds the KV block pool ({self.capacity_tokens} tokens = "
+                f"{self.config.num_blocks} blocks x {self.config.block_size})")
+        with self._inbox_lock:
+            if req.request_id in self.requests or any(
+                    r.request_id == req.request_id for r in self._inbox):
+                raise RequestRejected(f"request id {req.request_id!r} is already in use")
+            self._inbox.append(req)
+        self.wake()
+
+    def abort(self, request_id: str) -> None:
+        """Ask the scheduler to abort a request (any thread; idempotent)."""
+        with self._inbox_lock:
+            self._abort_ids.add(request_id)
+        self.wake()
+
+    def hook(self, kind: str, arg: Any) -> concurrent.futures.Future:
+        """Run a fault hook at the next step boundary.
+
+        Args:
+            kind: ``preempt`` (arg: request id | ``newest`` | ``all``) or ``stall``
+                (arg: ``(point, seconds, count)``) or ``reset_prefix_cache``.
+
+        Returns:
+            a future with the hook's result (e.g. the preempted request ids).
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._inbox_lock:
+            self._hooks.append((kind, arg, fut))
+        self.wake()
+        return fut
+
+    def wake(self) -> None:
+        """Wake the scheduler thread."""
+        self._wake.set()
+
+    def start(self) -> None:
+        """Start the scheduler thread (and the LMCache connection)."""
+        if self.connector is not None:
+            self.connector.start()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="engine-core")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the scheduler thread; abort what is left; close the connector."""
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.connector is not None:
+            self.connector.close()
+
+    # ---- loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.state_lock:
+                    busy = self.step()
+            except Exception:  # noqa: BLE001 - the engine must keep serving
+                log.exception("engine step failed")
+                busy = False
+            if not busy:
+                polling = any(r.lookup_status == "pending" for r in self.waiting) or \
+                    bool(self._aborting)
+                self._wake.wait(0.002 if polling else 0.25)
+                self._wake.clear()
+
+    def step(self) -> bool:
+        """Run one scheduler step (the caller holds ``state_lock``).
+
+        Returns:
+            True when model work was done (the loop then continues without waiting).
+        """
+        self._drain_inbox()
+        if self.connector is not None:
+            self.connector.flush_deferred()
+        self._progress_aborting()
+        self._admit()
+        worked = False
+        for req in list(self.running):
+            if req.phase is not Phase.RUNNING:
+                continue
+            try:
+                worked |= self._work(req)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("request %s failed", req.request_id)
+                self._abort_now(req, error=f"engine error: {exc}")
+        self._update_gauges()
+        return worked
+
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._abort_ids = self._abort_ids, set()
+            hooks, self._hooks = self._hooks, []
+        for req in inbox:
+            self.requests[req.request_id] = req
+            self.waiting.append(req)
+        for rid in aborts:
+            req = self.requests.get(rid)
+            if req is not None and req.phase in (Phase.WAITING, Phase.RUNNING):
+                self._abort_now(req)
+        for kind, arg, fut in hooks:
+            try:
+                fut.set_result(self._run_hook(kind, arg))
+            except Exception as exc:  # noqa: BLE001
+                fut.set_exception(exc)
+
+    def _run_hook(self, kind: str, arg: Any) -> Any:
+        if kind == "preempt":
+            if arg == "all":
+                targets = list(reversed(self.running))
+            elif arg == "newest":
+                targets = self.running[-1:]
+            else:
+                targets = [r for r in self.running if r.request_id == arg]
+            for r in targets:
+                self._preempt(r)
+            return [r.request_id for r in targets]
+        if kind == "stall":
+            point, seconds, count = arg
+            if point not in STALL_POINTS:
+                raise ValueError(f"unknown stall point {point!r}; known: {STALL_POINTS}")
+            self._stalls[point] = [float(seconds)] * int(count)
+            return {"point": point, "seconds": seconds, "count": count}
+        if kind == "reset_prefix_cache":
+            self.blocks.reset_prefix_cache()
+            return True
+        raise ValueError(f"unknown hook {kind!r}")
+
+    def _stall(self, point: str) -> None:
+        if self._stalls[point]:
+            seconds = self._stalls[point].pop()
+            log.warning("hook: stalling %.2fs at %s", seconds, point)
+            time.sleep(seconds)
+
+    # ---- admission --------------------------------------------------------------------
+    def _salt(self, req: Request) -> str:
+        return "" if "drop-cache-salt" in self.bugs else (req.cache_salt or "")
+
+    def _admit(self) -> None:
+        seg = self.config.prefill_segment
+        bs = self.config.block_size
+        blocked = False
+        for req in list(self.waiting):
+            if req.phase is not Phase.WAITING:
+                continue
+            if req.stale_table is not None:
+                if blocked or len(self.running) >= self.config.max_num_seqs:
+                    break
+                if not self._resume_stale(req):
+                    blocked = True
+                continue
+            if not self._lookup_ready(req):
+                continue
+            if blocked or len(self.running) >= self.config.max_num_seqs:
+                continue  # keep polling other lookups; admission is FIFO
+            n_prompt = len(req.prompt)
+            # Local prefix cache: only whole canonical segments, and never the last token.
+            shareable = ((n_prompt - 1) // seg) * seg
+            hit_blocks: list[int] = []
+            if self.config.enable_prefix_caching and shareable > 0:
+                hashes = block_hashes(req.prompt, bs, shareable // bs, self._salt(req))
+                hit_blocks = self.blocks.match_prefix(hashes)
+                keep = (len(hit_blocks) * bs // seg) * seg // bs
+                self.blocks.free(hit_blocks[keep:])
+                hit_blocks = hit_blocks[:keep]
+            local_hit = len(hit_blocks) * bs
+            need = -(-n_prompt // bs) - len(hit_blocks)
+            fresh = self.blocks.allocate(need)
+            if fresh is None:
+                self.blocks.free(hit_blocks)
+                blocked = True
+                continue
+            self.waiting.remove(req)
+            req.block_table = hit_blocks + fresh
+            req.num_computed = local_hit
+            req.num_registered_blocks = len(hit_blocks)
+            self.running.append(req)
+            req.phase = Phase.RUNNING
+            self._load_external(req, local_hit)
+            if req.phase is not Phase.RUNNING:
+                continue
+            if not req.stats_frozen:
+                req.local_hit_tokens = local_hit
+                req.external_hit_tokens = max(0, req.num_computed - local_hit)
+                req.stats_frozen = True
+            self.metrics.inc("vllm:prefix_cache_queries_total", n_prompt)
+            self.metrics.inc("vllm:prefix_cache_hits_total", local_hit)
+            if req.lookup_status != "disabled":
+                self.metrics.inc("vllm:external_prefix_cache_queries_total", n_prompt)
+                self.metrics.inc("vllm:external_prefix_cache_hits_total",
+                                 max(0, req.num_computed - local_hit))
+            if "store-before-compute" in self.bugs:
+                self._store(req)
+
+    def _lookup_ready(self, req: Request) -> bool:
+        """Submit or poll the request's LMCache lookup; True once it has an outcome."""
+        conn = self.connector
+        if conn is None:
+            req.lookup_status = "disabled"
+            return True
+        if req.lookup_status == "unset":
+            self._stall("before_lookup")
+            if not conn.submit_lookup(req.request_id, req.prompt, self._salt(req)):
+                req.lookup_status = "error"
+                self.metrics.inc("kvchaos_engine_lookup_errors_total")
+                return True
+            req.lookup_status = "pending"
+        if req.lookup_status != "pending":
+            return True
+        outcome = conn.poll_lookup(req.request_id)
+        if outcome.status == "pending":
+            return False
+        req.lookup_status = outcome.status
+        req.lookup_tokens = outcome.tokens
+        if outcome.status == "timeout":
+            self.metrics.inc("kvchaos_engine_lookup_timeouts_total")
+        elif outcome.status == "error":
+            self.metrics.inc("kvchaos_engine_lookup_errors_total")
+        return True
+
+    def _load_external(self, req: Request, local_hit: int) -> None:
+        """Retrieve LMCache's chunks beyond the local hit into the request's blocks."""
+        conn = self.connector
+        hit = req.lookup_tokens if req.lookup_status == "hit" else 0
+        if conn is None or hit <= 0:
+            return
+        chunk = conn.chunk_size or self.config.prefill_segment
+        bs = self.config.block_size
+        salt = self._salt(req)
+        start = (local_hit // chunk) * chunk
+        if hit <= local_hit:
+            conn.free_locks(req.request_id, req.prompt, salt, 0, hit)
+            return
+        conn.free_locks(req.request_id, req.prompt, salt, 0, start)
+        self._stall("before_retrieve")
+        ok = conn.retrieve(req.request_id, req.prompt, salt, start, hit,
+                           req.block_table[start // bs:hit // bs], local_hit - start)
+        if not ok:
+            self.metrics.inc("kvchaos_engine_load_failures_total")
+            self.metrics.inc("kvchaos_engine_load_failed_tokens_total", hit - local_hit)
+            req.load_failed_tokens += hit - local_hit
+            conn.free_locks(req.request_id, req.prompt, salt, start, hit)
+            if "trust-failed-load" not in self.bugs:
+                if self.config.kv_load_failure_policy == "fail":
+                    self._abort_now(req, error=(
+                        f"KV load from LMCache failed for {hit - local_hit} tokens "
+                        "(kv_load_failure_policy=fail)"), code=500)
+                return
+        computed = hit
+        if "hit-plus-one-token" in self.bugs:
+            computed = min(hit + 1, len(req.prompt) - 1)
+        elif "hit-plus-one-chunk" in self.bugs:
+            computed = min(hit + chunk, len(req.prompt) - 1)
+        req.num_computed = computed
+        req.stored_upto = max(req.stored_upto, hit)
+        self._register_prefix(req)
+
+    def _resume_stale(self, req: Request) -> bool:
+        """Planted bug ``stale-blocks-on-resume``: reclaim the old block ids, keep progress."""
+        table = self.blocks.allocate_specific(req.stale_table or [])
+        if table is None:
+            return False
+        self.waiting.remove(req)
+        req.block_table = table
+        req.num_computed = req.stale_computed
+        req.stale_table = None
+        req.phase = Phase.RUNNING
+        self.running.append(req)
+        return True
+
+    # ---- model work ---------------------------------------------------------------------
+    def _register_prefix(self, req: Request) -> None:
+        """Publish the request's canonical prompt blocks to the local prefix cache."""
+        if not self.config.enable_prefix_caching:
+            return
+        seg, bs = self.config.prefill_segment, self.config.block_size
+        canonical = (min(req.num_computed, len(req.prompt)) // seg) * seg // bs
+        if canonical <= req.num_registered_blocks:
+            return
+        hashes = block_hashes(req.prompt, bs, canonical, self._salt(req))
+        for i in range(req.num_registered_blocks, canonical):
+            self.blocks.register(req.block_table[i], hashes[i])
+        req.num_registered_blocks = canonical
+
+    def _work(self, req: Request) -> bool:
+        n_prompt = len(req.prompt)
+        seg = self.config.prefill_segment
+        if req.num_computed < n_prompt:
+            start = req.num_computed
+            end = min(n_prompt, (start // seg + 1) * seg)
+            logits = self.model.forward(req.prompt[start:end], start, req.block_table, self.pool)
+            req.num_computed = end
+            self.metrics.inc("vllm:prompt_tokens_total", end - start)
+            self._register_prefix(req)
+            if end < n_prompt:
+                return True
+            self._store(req)
+            self._emit_next(req, logits)
+            return True
+        # Decode (or replay after a resume): feed the token at position num_computed.
+        pos = req.num_computed
+        if not self._ensure_block(req, pos):
+            return False
+        logits = self.model.forward([req.all_tokens[pos]], pos, req.block_table, self.pool)
+        req.num_computed = pos + 1
+        self._emit_next(req, logits)
+        return True
+
+    def _ensure_block(self, req: Request, pos: int) -> bool:
+        """Make sure position ``pos`` has a block, preempting the newest requests if needed.
+
+        Returns:
+            False when ``req`` itself was preempted.
+        """
+        bs = self.config.block_size
+        while len(req.block_table) * bs <= pos:
+            got = self.blocks.allocate(1)
+            if got is not None:
+                req.block_table.extend(got)
+                continue
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _emit_next(self, req: Request, logits: torch.Tensor) -> None:
+        """Greedy-pick the token after position ``num_computed - 1``; send or check it."""
+        token = int(torch.argmax(logits))
+        index = req.num_computed - len(req.prompt)  # index into output
+        if index < len(req.output):
+            if req.output[index] != token:
+                self.metrics.inc("kvchaos_engine_replay_mismatches_total")
+                log.error("request %s: replayed token %d is %d, was %d", req.request_id,
+                          index, token, req.output[index])
+            return
+        event = TokenEvent(token_id=token)
+        if req.logprobs is not None:
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            event.logprob = float(lp[token])
+            if req.logprobs > 0:
+                vals, ids = torch.topk(lp, min(req.logprobs, lp.shape[0]))
+                event.top_logprobs = {int(i): float(v) for v, i in zip(vals, ids)}
+        req.output.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        self.metrics.inc("vllm:generation_tokens_total")
+        self._send(req, event)
+        if len(req.output) >= req.max_tokens:
+            self._finish(req, "length")
+        elif token == EOS_ID and not req.ignore_eos:
+            self._finish(req, "stop")
+
+    def _store(self, req: Request) -> None:
+        """Store the prompt's full chunks not stored yet (full chunks only, prompt only)."""
+        conn = self.connector
+        if conn is None or not conn.connected:
+            return
+        chunk = conn.chunk_size or self.config.prefill_segment
+        bs = self.config.block_size
+        full_end = (len(req.prompt) // chunk) * chunk
+        start = (req.stored_upto // chunk) * chunk
+        if full_end <= start:
+            return
+        self._stall("before_store")
+        ok = conn.store(req.request_id, req.prompt, self._salt(req), start, full_end,
+                        req.block_table[start // bs:full_end // bs])
+        req.stored_upto = full_end
+        if ok:
+            self.metrics.inc("kvchaos_engine_stored_tokens_total", full_end - start)
+        elif conn.healthy:
+            self.metrics.inc("kvchaos_engine_store_failures_total")
+
+    # ---- ends of a request --------------------------------------------------------------
+    def _send(self, req: Request, event: TokenEvent) -> None:
+        if req.sink is not None:
+            try:
+                req.sink(event)
+            except Exception:  # noqa: BLE001 - a closed client must not stop the engine
+                log.debug("sink for %s failed", req.request_id, exc_info=True)
+
+    def _release(self, req: Request, leak_lmcache: bool = False) -> None:
+        """Free blocks and LMCache state of a request leaving the running/waiting sets."""
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.block_table:
+            self.blocks.free(req.block_table)
+            req.block_table = []
+        conn = self.connector
+        if conn is None:
+            return
+        if leak_lmcache:
+            conn.forget_lookup(req.request_id)
+            conn.open_sessions.discard(req.request_id)
+            return
+        conn.end_request(req.request_id)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self._release(req)
+        req.phase = Phase.FINISHED
+        self.metrics.inc("vllm:request_success_total", finished_reason=reason)
+        self._send(req, TokenEvent(final=True, finish_reason=reason))
+        self.requests.pop(req.request_id, None)
+
+    def _abort_now(self, req: Request, error: str | None = None, code: int = 500) -> None:
+        """Abort ``req``: free blocks; free lookup locks and end the LMCache session."""
+        self.metrics.inc("kvchaos_engine_aborts_total")
+        leak = "skip-abort-cleanup" in self.bugs and error is None
+        if req.lookup_status == "pending" and not leak:
+            # The prefetch may still take locks: finish it, then free them (F9).
+            self._release_blocks_only(req)
+            req.phase = Phase.ABORTED
+            self._aborting.append(req)
+        else:
+            if req.lookup_status == "hit" and req.phase is Phase.WAITING and not leak:
+                self.connector.free_locks(req.request_id, req.prompt,  # type: ignore[union-attr]
+                                          self._salt(req), 0, req.lookup_tokens)
+            self._release(req, leak_lmcache=leak)
+            req.phase = Phase.ABORTED
+            self.requests.pop(req.request_id, None)
+        self._send(req, TokenEvent(final=True, finish_reason="abort", error=error,
+                                   error_code=code))
+
+    def _release_blocks_only(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.block_table:
+            self.blocks.free(req.block_table)
+            req.block_table = []
+
+    def _progress_aborting(self) -> None:
+        """Finish the LMCache clean-up of aborted requests whose lookup was in flight."""
+        for req in list(self._aborting):
+            outcome = self.connector.poll_lookup(req.request_id)  # type: ignore[union-attr]
+            if outcome.status == "pending":
+                continue
+            if outcome.tokens > 0:
+                self.connector.free_locks(req.request_id, req.prompt,  # type: ignore[union-attr]
+                                          self._salt(req), 0, outcome.tokens)
+            self.connector.end_request(req.request_id)  # type: ignore[union-attr]
+            self._aborting.remove(req)
+            self.requests.pop(req.request_id, None)
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute-style preemption: free everything, requeue at the head."""
+        self.running.remove(req)
+        if "stale-blocks-on-resume" in self.bugs:
+            req.stale_table = list(req.block_table)
+            req.stale_computed = req.num_computed
+        if req.block_table:
+            self.blocks.free(req.block_table)
+            req.block_table = []
+        req.num_computed = 0
+        req.num_registered_blocks = 0
+        req.stored_upto = 0
+        if self.connector is not None:
+            self.connector.end_request(req.request_id)
+            self.connector.forget_lookup(req.request_id)
+            req.lookup_status = "unset"
+            req.lookup_tokens = 0
+        req.phase = Phase.WAITING
+        req.num_preemptions += 1
+        self.metrics.inc("vllm:num_preemptions_total")
+        self.waiting.appendleft(req)
+        log.info("preempted %s", req.request_id)
+
+    # ---- observability ------------------------------------------------------------------
+    def _update_gauges(self) -> None:
+        self.metrics.set("vllm:num_requests_running", len(self.running))
+        self.metrics.set("vllm:num_requests_waiting", len(self.waiting))
+        self.metrics.set("vllm:kv_cache_usage_perc", self.blocks.usage())
+        self.metrics.set("kvchaos_engine_lmcache_healthy",
+                         1.0 if self.connector is not None and self.connector.healthy else 0.0)
+
+    def debug_state(self) -> dict[str, Any]:
+        """The ``/debug/state`` document (see docs/architecture.md section 2)."""
+        with self.state_lock:
+            conn = self.connector
+            held = sum(len(r.block_table) for r in self.requests.values())
+            return {
+                "fingerprint": self.fingerprint,
+                "engine_version": __version__,
+                "blocks_total": self.blocks.num_blocks,
+                "blocks_free": self.blocks.num_free,
+                "blocks_used": self.blocks.num_used,
+                "blocks_held_by_requests": held,
+                "prefix_cache_blocks": self.blocks.num_cached,
+                "num_open_sessions": len(conn.open_sessions) if conn else 0,
+                "open_sessions": sorted(conn.open_sessions) if conn else [],
+                "num_pending_lookups": len(conn.pending_lookups()) if conn else 0,
+                "pending_lookups": conn.pending_lookups() if conn else [],
+                "lmcache": None if conn is None else {
+                    "url": conn.url, "state": conn.state(), "chunk_size": conn.chunk_size,
+                    "connect_error": conn.connect_error},
+                "requests": {rid: r.debug() for rid, r in self.requests.items()},
+                "num_running": len(self.running),
+                "num_waiting": len(self.waiting),
+                "bugs": sorted(self.bugs),
+                "config": self.config.to_dict(),
+            }

@@ -1,0 +1,1 @@
+"""Fault kinds (one module each), their registry and the context they run in."""

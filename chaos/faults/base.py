@@ -1,0 +1,153 @@
+"""Faults: one class per kind, with a params model that is also its YAML schema.
+
+    scenario YAML ─ {kind: latency, link: ..., start: 2s, duration: 8s}
+                         │  (the registry's discriminated union on `kind`)
+                         ▼
+                    LatencyParams ──> Latency(params).apply(ctx) ... heal(ctx), evidence(ctx)
+                                                   │
+                         runner records apply/heal on the history ("nemesis" process)
+
+A fault module defines a ``FaultParams`` subclass with ``kind: Literal["<kind>"]`` and a
+``Fault`` subclass decorated with ``@register("<kind>")`` (chaos/faults/registry.py). Nothing
+else needs editing: the scenario model, the JSON schema and the docs test pick it up.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from chaos.scenario.duration import Duration, PositiveDuration
+
+if TYPE_CHECKING:  # only for type hints; each is written by another layer
+    from chaos.history import HistoryWriter
+    from chaos.proxy.client import ToxiproxyClient
+
+__all__ = ["FaultParams", "Fault", "FaultContext", "FAULT_ID_PATTERN"]
+
+FAULT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+
+
+class FaultParams(BaseModel):
+    """Fields every fault has. Subclasses add ``kind: Literal["<kind>"]`` and their settings.
+
+    ``start`` is seconds after its phase starts; the fault is healed ``duration`` seconds after
+    it is applied, or when the phase ends (after its requests are done) with ``until: end``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(description="the fault kind (the name it is registered under)")
+    name: str | None = Field(
+        default=None,
+        pattern=FAULT_ID_PATTERN,
+        description="fault id in the history and report; default <kind>-<index>, index counted "
+        "over all faults of the scenario from 0",
+    )
+    start: Duration = Field(
+        default=0.0, description="when to apply, after the phase starts (>= 0; e.g. 0s, 500ms, 2)"
+    )
+    duration: PositiveDuration | None = Field(
+        default=None, description="how long the fault lasts (> 0); exactly one of duration/until"
+    )
+    until: Literal["end"] | None = Field(
+        default=None, description="`end`: the fault lasts until its phase ends"
+    )
+
+    @model_validator(mode="after")
+    def _duration_or_until(self) -> FaultParams:
+        if (self.duration is None) == (self.until is None):
+            raise ValueError(
+                "give exactly one of `duration` (e.g. 8s) or `until: end`"
+                if self.duration is None
+                else "give either `duration` or `until: end`, not both"
+            )
+        return self
+
+    @property
+    def id(self) -> str:
+        """The fault id: ``name``, set by the scenario model to ``<kind>-<index>`` if omitted."""
+        return self.name or self.kind
+
+    def end_s(self) -> float | None:
+        """Seconds after the phase start at which the fault is healed; None for ``until: end``."""
+        return None if self.duration is None else self.start + self.duration
+
+    def stack_refs(self) -> dict[str, str]:
+        """Names this fault expects the stack to have, as {field: name}, e.g. {"link": "x"}.
+
+        Kinds of reference: ``link`` (a link in x-kvchaos.links), ``service`` (a compose
+        service). Checked by chaos.scenario.loader.validate_against_stack.
+        """
+        return {}
+
+
+@dataclass
+class FaultContext:
+    """What a fault may touch while it is applied or healed.
+
+    Attributes:
+        proxy: client of the stack's Toxiproxy (network faults); None when the stack has none.
+        stack: the running stack (chaos/stack/base.py interface: kill, pause, settings, env...).
+        history: the run's history writer (the runner records apply/heal itself; faults may
+            add ``info`` records of their own, e.g. each preempted request).
+        rng: seeded from the scenario seed; the only randomness a fault may use.
+        scenario_dir: folder of the scenario file (for paths a fault names).
+        phase: name of the phase the fault belongs to.
+    """
+
+    proxy: ToxiproxyClient | None = None
+    stack: Any = None
+    history: HistoryWriter | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    scenario_dir: Path = field(default_factory=Path.cwd)
+    phase: str = ""
+
+
+class Fault(ABC):
+    """A fault of one kind, built from its validated params.
+
+    The runner calls ``apply`` at ``start``, ``heal`` at the end (on every exit path, also when
+    ``apply`` failed half-way, so ``heal`` must tolerate a fault that is not in place), and
+    ``evidence`` after ``heal``. Each returns a JSON-able dict recorded on the history.
+    """
+
+    kind: ClassVar[str]
+    params_model: ClassVar[type[FaultParams]]
+
+    def __init__(self, params: FaultParams) -> None:
+        if not isinstance(params, self.params_model):
+            raise TypeError(
+                f"{type(self).__name__} needs {self.params_model.__name__}, "
+                f"got {type(params).__name__}"
+            )
+        self.params = params
+
+    @property
+    def id(self) -> str:
+        """The fault id used in the history (``fault_id``) and the report."""
+        return self.params.id
+
+    @abstractmethod
+    def apply(self, ctx: FaultContext) -> dict[str, Any]:
+        """Put the fault in place. Returns what was done (e.g. the toxic as the proxy sees it).
+
+        Raises whatever the layer it touches raises; the runner records it as a ``fail``.
+        """
+
+    @abstractmethod
+    def heal(self, ctx: FaultContext) -> dict[str, Any]:
+        """Remove the fault. Must be safe to call when ``apply`` did not (fully) happen."""
+
+    @abstractmethod
+    def evidence(self, ctx: FaultContext) -> dict[str, Any]:
+        """Whether the fault bit: ``{"bit": bool, ...counters}``. A fault that never bit makes
+        the run inconclusive (the `evidence` check)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.params!r})"

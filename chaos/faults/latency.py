@@ -1,0 +1,27 @@
+"""latency: delay data on a link by ``latency_ms`` (± ``jitter_ms``), Toxiproxy `latency`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from chaos.faults.network import ToxicFault, ToxicParams
+from chaos.faults.registry import register
+
+
+class LatencyParams(ToxicParams):
+    kind: Literal["latency"]
+    latency_ms: int = Field(ge=0, description="added delay per chunk of data, milliseconds")
+    jitter_ms: int = Field(default=0, ge=0, description="random ± variation of the delay, milliseconds")
+
+
+@register("latency")
+class Latency(ToxicFault):
+    """Every chunk on the link waits ``latency_ms`` ± ``jitter_ms`` before it is passed on."""
+
+    params_model = LatencyParams
+    toxic_type = "latency"
+
+    def attributes(self) -> dict[str, int]:
+        return {"latency": self.params.latency_ms, "jitter": self.params.jitter_ms}

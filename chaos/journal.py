@@ -1,0 +1,104 @@
+"""The journal: what a run applied or started, on disk before it happens, so that
+``kvchaos cleanup`` can undo it after the run was killed (SIGKILL, OOM, a lost CI runner).
+
+One JSON-lines file per run under the state directory (``$KVCHAOS_STATE_DIR``, default
+``~/.local/state/kvchaos``): ``journal/<run-id>.jsonl``. Entries are appended with
+``{"op": "add", "kind": ..., "key": ..., ...}`` when something is started or applied and
+``{"op": "remove", "kind": ..., "key": ...}`` once it is undone; the entries still open are
+what cleanup undoes. Kinds used across kvchaos:
+
+- ``process``: ``pid``, ``pgid``, ``create_time`` (psutil, s since epoch), ``service``
+- ``toxic``: ``api`` (Toxiproxy URL), ``proxy``, ``toxic``
+- ``proxy_disabled``: ``api``, ``proxy``
+- ``mount``: ``path``
+- ``file``: ``path`` (ballast files)
+- ``compose_project``: ``project``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def state_dir() -> Path:
+    """The kvchaos state directory (journals, detached stacks); created on demand."""
+    d = Path(os.environ.get("KVCHAOS_STATE_DIR") or Path.home() / ".local" / "state" / "kvchaos")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class Journal:
+    """Append-only record of one run's side effects.
+
+    Args:
+        run_id: unique per run; names the file.
+        directory: where journals live; ``state_dir()/journal`` when None.
+    """
+
+    def __init__(self, run_id: str, directory: Path | None = None) -> None:
+        self.run_id = run_id
+        self.directory = Path(directory) if directory else state_dir() / "journal"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / f"{run_id}.jsonl"
+        self._lock = threading.Lock()
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        entry = {"time": time.time(), **entry}
+        line = json.dumps(entry, sort_keys=True) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def add(self, kind: str, key: str, **fields: Any) -> None:
+        """Record that ``kind``/``key`` now exists and must be undone if the run dies."""
+        self._write({"op": "add", "kind": kind, "key": key, **fields})
+
+    def remove(self, kind: str, key: str) -> None:
+        """Record that ``kind``/``key`` was undone."""
+        self._write({"op": "remove", "kind": kind, "key": key})
+
+    def open_entries(self) -> list[dict[str, Any]]:
+        """Entries added and not removed, oldest first."""
+        return open_entries(self.path)
+
+    def close(self) -> None:
+        """Delete the journal file when nothing is left open."""
+        if self.path.exists() and not self.open_entries():
+            self.path.unlink()
+
+
+def open_entries(path: Path) -> list[dict[str, Any]]:
+    """Entries of one journal file that were added and not removed, oldest first.
+
+    A torn last line (the writer died mid-write) is ignored.
+    """
+    live: dict[tuple[str, str], dict[str, Any]] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        k = (e.get("kind", ""), e.get("key", ""))
+        if e.get("op") == "add":
+            live[k] = e
+        elif e.get("op") == "remove":
+            live.pop(k, None)
+    return list(live.values())
+
+
+def all_journals(directory: Path | None = None) -> Iterator[Path]:
+    """Every journal file in the state directory."""
+    d = Path(directory) if directory else state_dir() / "journal"
+    if d.is_dir():
+        yield from sorted(d.glob("*.jsonl"))

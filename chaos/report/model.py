@@ -1,0 +1,137 @@
+"""The report's data: result.json (one run) and suite.json (several runs).
+
+result.json is the source of truth of a run's outcome; junit.xml and report.html are rendered
+from it (plus history.jsonl for the timeline), so `kvchaos report DIR` can re-render them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from chaos.checks.result import CheckResult, Verdict
+from chaos.checks.snapshots import ServiceExit
+from chaos.stats import RunStats
+
+SCHEMA_VERSION = 1
+
+# Exit codes of `kvchaos run` (DESIGN.md).
+EXIT_PASSED = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_INFRA = 3
+EXIT_INCONCLUSIVE = 4
+
+
+class XfailInfo(BaseModel):
+    """A scenario expected to fail (a known upstream bug).
+
+    outcome: "xfailed" when a check failed as expected, "xpassed" when all passed (the bug may be
+    fixed), None when the run was inconclusive.
+    """
+
+    reason: str
+    evidence: str | None = None
+    upstream: str | None = None
+    outcome: Literal["xfailed", "xpassed"] | None = None
+
+
+class FaultSummary(BaseModel):
+    """A fault as applied in the run: times in s since run start, evidence from heal."""
+
+    fault_id: str
+    kind: str = ""
+    phase: str = ""
+    applied_at: float | None = None
+    healed_at: float | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] | None = None
+    bit: bool = False
+    error: str | None = None
+
+
+class PhaseSpan(BaseModel):
+    """A phase of the run: first and last op time seen in it (s since run start)."""
+
+    name: str
+    start: float
+    end: float
+
+
+class Durations(BaseModel):
+    """Wall-clock seconds spent per runner stage (None: not measured)."""
+
+    total_s: float | None = None
+    stack_up_s: float | None = None
+    workload_s: float | None = None
+    quiesce_s: float | None = None
+    checks_s: float | None = None
+    stack_down_s: float | None = None
+
+
+class RunPaths(BaseModel):
+    """Files of a run, relative to the run directory."""
+
+    result: str = "result.json"
+    history: str = "history.jsonl"
+    junit: str = "junit.xml"
+    html: str = "report.html"
+    logs: str = "logs"
+
+
+class RunResult(BaseModel):
+    """result.json: everything about one scenario run.
+
+    verdict is the composition of the checks (worst wins), or "unknown" when the run hit an
+    infrastructure error; exit_code follows DESIGN.md (0 passed, 1 failed, 3 infra, 4
+    inconclusive; an xfail scenario whose check failed as expected exits 0).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    scenario: str
+    description: str = ""
+    scenario_path: str | None = None
+    stack: str | None = None
+    seed: int | None = None
+    started_at: str | None = None
+    verdict: Verdict
+    exit_code: int
+    checks: list[CheckResult] = Field(default_factory=list)
+    stats: RunStats = Field(default_factory=RunStats)
+    faults: list[FaultSummary] = Field(default_factory=list)
+    phases: list[PhaseSpan] = Field(default_factory=list)
+    service_exits: list[ServiceExit] = Field(default_factory=list)
+    durations: Durations = Field(default_factory=Durations)
+    paths: RunPaths = Field(default_factory=RunPaths)
+    xfail: XfailInfo | None = None
+    engine_bugs: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class SuiteEntry(BaseModel):
+    """One run of a suite, as listed in suite.json."""
+
+    run_id: str
+    scenario: str
+    verdict: Verdict
+    exit_code: int
+    xfail: str | None = None
+    summary: str = ""
+    duration_s: float | None = None
+    run_dir: str
+
+
+class SuiteResult(BaseModel):
+    """suite.json: several scenario runs.
+
+    exit_code: the worst run's (1 if any failed, else 3 if any infra error, else 4 if any
+    inconclusive, else 0).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    suite_id: str
+    verdict: Verdict
+    exit_code: int
+    runs: list[SuiteEntry] = Field(default_factory=list)

@@ -1,0 +1,96 @@
+"""Assemble a RunResult from a finished run: checks, stats, faults, phases, exit code."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from chaos.checks.requests import faults, op_dicts
+from chaos.checks.result import CheckResult, Verdict, combine
+from chaos.checks.snapshots import ServiceExit
+from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, Durations,
+                                FaultSummary, PhaseSpan, RunResult, XfailInfo)
+from chaos.stats import compute_stats
+
+
+def exit_code(verdict: Verdict, xfail: XfailInfo | None = None, error: str | None = None) -> int:
+    """Exit code of `kvchaos run` for a run.
+
+    Args:
+        verdict: the combined verdict of the checks.
+        xfail: set when the scenario is expected to fail (known bug).
+        error: infrastructure error text (stack did not start, runner crashed).
+    Returns:
+        3 on an infrastructure error; else 4 when inconclusive; else 1 when failed (0 under
+        xfail: the known bug showed, as expected); else 0 (also under xfail: "xpassed", which
+        the report flags but which does not break the build, as pytest's non-strict xfail).
+    """
+    if error:
+        return EXIT_INFRA
+    if verdict == "unknown":
+        return EXIT_INCONCLUSIVE
+    if verdict == "failed":
+        return EXIT_PASSED if xfail is not None else EXIT_FAILED
+    return EXIT_PASSED
+
+
+def phases_from_history(history: Iterable[Any]) -> list[PhaseSpan]:
+    """Phase spans (first to last op time per phase name), in order of first appearance."""
+    spans: dict[str, PhaseSpan] = {}
+    for op in op_dicts(history):
+        name = op.get("phase")
+        if not name:
+            continue
+        t = float(op.get("time") or 0.0)
+        span = spans.get(name)
+        if span is None:
+            spans[name] = PhaseSpan(name=name, start=t, end=t)
+        else:
+            span.start, span.end = min(span.start, t), max(span.end, t)
+    return list(spans.values())
+
+
+def faults_from_history(history: Iterable[Any]) -> list[FaultSummary]:
+    """Faults applied in the run, with apply/heal times and the evidence recorded at heal."""
+    return [FaultSummary(fault_id=f.fault_id, kind=f.kind, phase=f.phase, applied_at=f.applied_at,
+                         healed_at=f.healed_at, params=f.params, evidence=f.evidence, bit=f.bit,
+                         error=f.error)
+            for f in faults(history)]
+
+
+def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: list[CheckResult],
+                 seed: int | None = None, description: str = "", scenario_path: str | None = None,
+                 stack: str | None = None, started_at: str | None = None,
+                 deadline_s: float | None = 60.0, xfail: XfailInfo | dict | Any | None = None,
+                 durations: Durations | dict | None = None,
+                 service_exits: Iterable[ServiceExit | dict] = (), engine_bugs: Iterable[str] = (),
+                 error: str | None = None) -> RunResult:
+    """Build result.json's model for one run.
+
+    Args:
+        run_id: the run directory's name under reports/.
+        scenario: scenario name; history: the run's ops (dicts or `Op` models).
+        checks: the check results (chaos.checks.run_checks).
+        deadline_s: request deadline (s) used for goodput (liveness request_deadline_s).
+        xfail: the scenario's xfail block (model or dict with reason/evidence/upstream) or None.
+        durations: per-stage wall-clock seconds; service_exits: from the snapshots.
+        error: infrastructure error text; forces verdict "unknown" and exit code 3.
+    Returns:
+        RunResult with verdict = combine(checks), stats, faults, phases and exit_code.
+    """
+    ops = op_dicts(history)
+    verdict: Verdict = "unknown" if error else combine(checks)
+    xf: XfailInfo | None = None
+    if xfail is not None:
+        raw = xfail if isinstance(xfail, dict) else (xfail.model_dump() if hasattr(xfail, "model_dump") else vars(xfail))
+        xf = XfailInfo.model_validate({k: raw.get(k) for k in ("reason", "evidence", "upstream") if raw.get(k) is not None})
+        xf.outcome = {"failed": "xfailed", "passed": "xpassed"}.get(verdict)  # type: ignore[assignment]
+    if isinstance(durations, dict):
+        durations = Durations.model_validate(durations)
+    return RunResult(
+        run_id=run_id, scenario=scenario, description=description, scenario_path=scenario_path,
+        stack=stack, seed=seed, started_at=started_at, verdict=verdict,
+        exit_code=exit_code(verdict, xf, error), checks=list(checks),
+        stats=compute_stats(ops, deadline_s), faults=faults_from_history(ops),
+        phases=phases_from_history(ops),
+        service_exits=[e if isinstance(e, ServiceExit) else ServiceExit.model_validate(e) for e in service_exits],
+        durations=durations or Durations(), xfail=xf, engine_bugs=list(engine_bugs), error=error)

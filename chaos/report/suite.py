@@ -1,0 +1,80 @@
+"""Suite summary: several scenario runs in one table, suite.json and one junit.xml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from chaos.checks.result import worst
+from chaos.report.junit import write_junit
+from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, RunResult,
+                                SuiteEntry, SuiteResult)
+
+_STYLE = {"passed": "green", "failed": "bold red", "unknown": "yellow"}
+
+
+def _summary(r: RunResult) -> str:
+    if r.error:
+        return f"infrastructure error: {r.error}"
+    bad = [c for c in r.checks if c.verdict != "passed"]
+    if not bad:
+        return f"{len(r.checks)} checks passed"
+    worst_first = sorted(bad, key=lambda c: c.verdict != "failed")
+    return f"{worst_first[0].name}: {worst_first[0].summary}"
+
+
+def suite_exit_code(results: list[RunResult]) -> int:
+    """1 if any run exited 1, else 3 if any exited 3, else 4 if any exited 4, else 0."""
+    codes = {r.exit_code for r in results}
+    for code in (EXIT_FAILED, EXIT_INFRA, EXIT_INCONCLUSIVE):
+        if code in codes:
+            return code
+    return EXIT_PASSED if codes <= {EXIT_PASSED} else max(codes)
+
+
+def build_suite(suite_id: str, results: list[RunResult], reports_dir: Path) -> SuiteResult:
+    """Summarise runs; run_dir entries are reports_dir/<run_id>, relative to reports_dir."""
+    entries = [SuiteEntry(run_id=r.run_id, scenario=r.scenario, verdict=r.verdict, exit_code=r.exit_code,
+                          xfail=r.xfail.outcome if r.xfail else None, summary=_summary(r),
+                          duration_s=r.durations.total_s, run_dir=r.run_id)
+               for r in results]
+    return SuiteResult(suite_id=suite_id, verdict=worst(r.verdict for r in results),
+                       exit_code=suite_exit_code(results), runs=entries)
+
+
+def write_suite(suite_dir: Path, suite_id: str, results: list[RunResult]) -> SuiteResult:
+    """Write suite_dir/suite.json and suite_dir/junit.xml (one <testsuite> per run).
+
+    Args:
+        suite_dir: folder for the suite files (created if missing), usually reports/.
+        suite_id: a name for the suite run.
+        results: the runs' RunResults.
+    Returns:
+        the SuiteResult written.
+    Raises:
+        OSError: a file cannot be written.
+    """
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    suite = build_suite(suite_id, results, suite_dir)
+    (suite_dir / "suite.json").write_text(suite.model_dump_json(indent=2), encoding="utf-8")
+    write_junit(suite_dir / "junit.xml", results, name=f"kvchaos.{suite_id}")
+    return suite
+
+
+def suite_table(suite: SuiteResult) -> Table:
+    """A rich Table: scenario, verdict, exit code, duration, what went wrong."""
+    t = Table(title=f"kvchaos suite {suite.suite_id}: {suite.verdict} (exit {suite.exit_code})")
+    for col in ("scenario", "verdict", "exit", "time", "summary"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("exit", "time") else "left")
+    for e in suite.runs:
+        verdict = f"[{_STYLE[e.verdict]}]{e.verdict}[/]" + (f" ({e.xfail})" if e.xfail else "")
+        t.add_row(e.scenario, verdict, str(e.exit_code),
+                  f"{e.duration_s:.1f}s" if e.duration_s is not None else "–", e.summary)
+    return t
+
+
+def print_suite(suite: SuiteResult, console: Console | None = None) -> None:
+    """Print the suite table to the console (stdout when None)."""
+    (console or Console()).print(suite_table(suite))

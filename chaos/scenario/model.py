@@ -1,0 +1,163 @@
+"""The Scenario model: the contract SREs write (docs/architecture.md section 5).
+
+This module is the source of truth for the scenario file; schemas/scenario.schema.json and
+docs/scenarios.md follow from it. Every model forbids unknown keys, so a typo is an error with
+its file:line (chaos/scenario/loader.py), never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from chaos.faults import registry
+from chaos.faults.base import FaultParams
+from chaos.scenario.checks import ChecksConfig
+from chaos.scenario.duration import PositiveDuration
+from chaos.workload.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from chaos.yamlsource import Locator
+
+__all__ = ["Scenario", "Phase", "EngineOptions", "Xfail", "FaultSpec", "SLUG_PATTERN"]
+
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+
+registry.load_builtin_faults()
+FaultSpec = registry.fault_union()
+"""The discriminated union (on ``kind``) of every registered fault's params model."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineOptions(_Strict):
+    """How the runner starts the engine under test (the reference engine)."""
+
+    bugs: list[str] = Field(
+        default_factory=list,
+        description="planted bug switches (--bug NAME) of the reference engine; [] = the clean engine",
+    )
+
+
+class Xfail(_Strict):
+    """The scenario is expected to fail: a known, reported bug. A pass is reported as XPASS."""
+
+    reason: str = Field(min_length=1, description="why it is expected to fail")
+    evidence: str | None = Field(default=None, description="what a failing run shows (e.g. the check and its symptom)")
+    upstream: str | None = Field(default=None, description="the upstream report, e.g. 'LMCache issue 2206'")
+
+
+class Phase(_Strict):
+    """A step of the run. The phase lasts until its requests are done, at least until its
+    longest fault (``start`` + ``duration``) ends, and at least ``duration`` if given; then
+    faults with ``until: end`` are healed and the next phase starts."""
+
+    name: str = Field(pattern=SLUG_PATTERN, description="phase name, unique in the scenario: [a-z0-9-]+")
+    requests: int | None = Field(
+        default=None,
+        ge=0,
+        description="requests in this phase; default workload.requests; 0 = no workload in this phase",
+    )
+    duration: PositiveDuration | None = Field(
+        default=None, description="minimum length of the phase (e.g. 30s); default: as long as its requests and faults"
+    )
+    faults: list[FaultSpec] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="faults applied during this phase, each on its own timeline"
+    )
+
+
+class Scenario(_Strict):
+    """One chaos scenario: a stack, a workload, phases with faults, and checks."""
+
+    model_config = ConfigDict(extra="forbid", title="kvchaos scenario")
+
+    name: str = Field(pattern=SLUG_PATTERN, max_length=100, description="scenario name: [a-z0-9-]+")
+    description: str = Field(default="", description="what production failure this models")
+    stack: Path = Field(description="stack file (compose format), relative to the scenario file")
+    seed: int = Field(default=0, description="seed of the workload and of every random choice of the run")
+    engine: EngineOptions = Field(default_factory=EngineOptions, description="engine options")
+    xfail: Xfail | None = Field(default=None, description="expected failure (a known bug)")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="the requests to send")
+    phases: list[Phase] = Field(min_length=1, description="the phases, run in order")
+    checks: ChecksConfig = Field(description="the checks to run; a check omitted is not run")
+
+    _source: Path | None = PrivateAttr(default=None)
+    _locator: Locator | None = PrivateAttr(default=None)
+
+    @field_validator("stack")
+    @classmethod
+    def _stack_exists(cls, v: Path, info: ValidationInfo) -> Path:
+        ctx = info.context or {}
+        source = ctx.get("source")
+        base = Path(source).parent if source is not None else Path.cwd()
+        resolved = v if v.is_absolute() else base / v
+        if ctx.get("check_paths", True) and not resolved.is_file():
+            raise ValueError(f"stack file not found: {resolved} (relative to the scenario file)")
+        return resolved
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _checks_null(cls, v: Any) -> Any:
+        return {} if v is None else v  # `checks:` with nothing: say which checks exist
+
+    @field_validator("phases")
+    @classmethod
+    def _names(cls, phases: list[Phase]) -> list[Phase]:
+        seen_phases: set[str] = set()
+        for phase in phases:
+            if phase.name in seen_phases:
+                raise ValueError(f"phase name {phase.name!r} is used twice")
+            seen_phases.add(phase.name)
+        index = 0
+        seen: dict[str, str] = {}
+        for phase in phases:
+            for fault in phase.faults:
+                if fault.name is None:
+                    fault.name = f"{fault.kind}-{index}"
+                if fault.name in seen:
+                    raise ValueError(
+                        f"fault name {fault.name!r} is used twice (phases {seen[fault.name]!r} "
+                        f"and {phase.name!r}); give each fault a distinct `name`"
+                    )
+                seen[fault.name] = phase.name
+                index += 1
+        return phases
+
+    @property
+    def source(self) -> Path | None:
+        """The scenario file this was loaded from (None when built in Python)."""
+        return self._source
+
+    @property
+    def locator(self) -> Locator | None:
+        """Line numbers of the scenario file's keys (see chaos.yamlsource.Locator)."""
+        return self._locator
+
+    def faults(self) -> list[tuple[int, int, FaultParams]]:
+        """Every fault as (phase index, fault index within the phase, params), in file order."""
+        return [(p, f, fault) for p, phase in enumerate(self.phases) for f, fault in enumerate(phase.faults)]
+
+    def phase_requests(self, phase: Phase) -> int:
+        """Requests the phase sends: its own ``requests`` or the workload's."""
+        return self.workload.requests if phase.requests is None else phase.requests
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON Schema (draft 2020-12) of the scenario file, for editors and the docs."""
+        schema = cls.model_json_schema(mode="validation")
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            **schema,
+        }

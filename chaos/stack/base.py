@@ -1,0 +1,166 @@
+"""What every stack backend offers the runner and the faults.
+
+    Stack (this module) ── LocalStack   (chaos/stack/local.py: processes on 127.0.0.1)
+                        └─ ComposeStack (chaos/stack/compose.py: docker compose)
+
+Both read the same stack file (chaos/stack/spec.py); after ``up()`` the addresses in
+``settings`` are the same under both, since every service uses ``network_mode: host``.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.stack.spec import KvchaosSettings, StackSpec
+
+
+class StackError(RuntimeError):
+    """A stack could not be brought up or driven (exit code 3: infrastructure error).
+
+    Attributes:
+        service: the service concerned, or None.
+        log_tail: the last lines of that service's log, when known.
+    """
+
+    def __init__(self, message: str, service: str | None = None, log_tail: str = "") -> None:
+        self.service = service
+        self.log_tail = log_tail
+        text = message if not log_tail else f"{message}\n--- last log lines of {service} ---\n{log_tail}"
+        super().__init__(text)
+
+
+@dataclass
+class ServiceExit:
+    """A service process that ended while the stack was up.
+
+    ``expected`` is True when kvchaos ended it (a kill fault, restart or down)."""
+
+    service: str
+    time: float
+    returncode: int | None
+    expected: bool
+
+
+@dataclass
+class ServiceStatus:
+    """One service's state as seen by the backend."""
+
+    name: str
+    state: str  # "running" | "paused" | "exited" | "not-started"
+    pid: int | None = None
+    healthy: bool | None = None
+    returncode: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def new_run_id(prefix: str = "stack") -> str:
+    """A unique, sortable id: ``<prefix>-YYYYmmdd-HHMMSS-<6 hex>``."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Stack(abc.ABC):
+    """A running (or startable) stack. Use as a context manager: ``down()`` runs on every exit.
+
+    Attributes:
+        spec: the validated stack file.
+        env: the variables it was interpolated with.
+        settings: the ``x-kvchaos`` settings, interpolated.
+        run_dir: the stack's scratch folder (logs, L2 filesystem, state).
+    """
+
+    backend: str = "abstract"
+
+    def __init__(self, spec: StackSpec, run_dir: Path) -> None:
+        self.spec = spec
+        self.env = spec.env
+        self.settings: KvchaosSettings = spec.settings
+        self.run_dir = Path(run_dir)
+        self.exits: list[ServiceExit] = []
+
+    # --- lifecycle ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def up(self) -> None:
+        """Start every service in dependency order and wait for each health check.
+
+        Raises:
+            StackError: a service failed to start or to become healthy within its deadline;
+                everything already started is stopped again before it is raised.
+        """
+
+    @abc.abstractmethod
+    def down(self) -> None:
+        """Stop every service and leave nothing behind (processes, containers, ports)."""
+
+    @abc.abstractmethod
+    def status(self) -> dict[str, ServiceStatus]:
+        """State of each service."""
+
+    # --- faults ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def kill(self, service: str, sig: str = "SIGKILL") -> None:
+        """Send ``sig`` (a name like ``SIGKILL``) to the service's processes; the exit that
+        follows is recorded as expected."""
+
+    @abc.abstractmethod
+    def start(self, service: str, wait: bool = True) -> None:
+        """Start a stopped service (and wait for its health check when ``wait``)."""
+
+    def restart(self, service: str, wait: bool = True) -> None:
+        """Stop the service gracefully, then start it again."""
+        self.stop(service)
+        self.start(service, wait=wait)
+
+    @abc.abstractmethod
+    def stop(self, service: str) -> None:
+        """Stop one service gracefully (its stop_signal, then SIGKILL after the grace period)."""
+
+    @abc.abstractmethod
+    def pause(self, service: str) -> None:
+        """Freeze the service (SIGSTOP / docker pause): a gray failure."""
+
+    @abc.abstractmethod
+    def resume(self, service: str) -> None:
+        """Undo :meth:`pause`."""
+
+    @abc.abstractmethod
+    def wait_healthy(self, service: str, timeout_s: float | None = None) -> None:
+        """Block until the service's health check passes.
+
+        Raises:
+            StackError: it did not within ``timeout_s`` (default: the health check's own deadline)
+                or its process ended.
+        """
+
+    @abc.abstractmethod
+    def collect_logs(self, dest_dir: Path) -> list[Path]:
+        """Copy each service's log into ``dest_dir``; returns the files written."""
+
+    def unexpected_exits(self) -> list[ServiceExit]:
+        """Exits no kvchaos action caused (for the liveness check)."""
+        self.status()
+        return [e for e in self.exits if not e.expected]
+
+    # --- proxy -------------------------------------------------------------------------
+    def populate_links(self) -> None:
+        """Create the ``x-kvchaos.links`` proxies on the stack's Toxiproxy (idempotent:
+        Toxiproxy's ``POST /populate`` replaces proxies of the same name)."""
+        if not self.settings.links or self.settings.proxy is None:
+            return
+        from chaos.proxy.client import ToxiproxyClient
+
+        with ToxiproxyClient(self.settings.proxy.api) as client:
+            client.populate([{"name": n, "listen": link.listen, "upstream": link.upstream, "enabled": True}
+                             for n, link in self.settings.links.items()])
+
+    # --- context manager ---------------------------------------------------------------
+    def __enter__(self) -> "Stack":
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()

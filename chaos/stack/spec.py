@@ -1,0 +1,525 @@
+"""The stack file: docker compose YAML plus kvchaos's ``x-kvchaos`` extension.
+
+    compose YAML ─ load_yaml (lines) ─ resolve variables (free ports, run dir) ─ interpolate
+        └─> StackFile (pydantic: services + KvchaosSettings) ─ checks across services
+            (depends_on targets, cycles, x-kvchaos names) ─> StackSpec
+
+Every problem is a :class:`~chaos.yamlsource.ConfigError` naming the file, the line and the
+service, raised before any process or container starts. The compose keys kvchaos understands
+are listed in docs/architecture.md section 1; compose keys that only the Docker backend uses are
+accepted and ignored by LocalStack; anything else is an error (a typo must not be silently
+ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chaos.stack.interpolate import InterpolationError, defaults_in, interpolate_data
+from chaos.yamlsource import ConfigError, Locator, config_error_from_validation, format_path, load_yaml
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*"
+                       r"(?:(\d+(?:\.\d+)?)s)?\s*(?:(\d+(?:\.\d+)?)ms)?\s*"
+                       r"(?:(\d+(?:\.\d+)?)us)?\s*$")
+
+
+def parse_compose_duration(value: Any) -> float:
+    """Seconds from a compose duration (``1m30s``, ``500ms``, ``2s``, ``1h``) or a number.
+
+    Format from the Compose specification ("Specifying durations"): ``{value}{unit}`` with units
+    us, ms, s, m, h, combinable. A bare number is seconds.
+
+    Raises:
+        ValueError: not a duration, or negative.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"negative duration: {value!r}")
+        return float(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 2s, 1m30s)")
+    m = _DURATION.match(value)
+    if not m or not any(m.groups()):
+        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 2s, 1m30s)")
+    h, mi, s, ms, us = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s + ms / 1e3 + us / 1e6
+
+
+Seconds = float
+
+
+class HealthCheck(BaseModel):
+    """A compose ``healthcheck``. ``test`` is ``["CMD", argv...]``, ``["CMD-SHELL", "cmd"]``,
+    ``["NONE"]`` or a string (= CMD-SHELL). Durations in seconds after validation."""
+
+    model_config = ConfigDict(extra="forbid")
+    test: list[str] | str
+    interval: Seconds = 1.0
+    timeout: Seconds = 5.0
+    retries: int = Field(default=60, ge=0)
+    start_period: Seconds = 0.0
+    start_interval: Seconds | None = None
+    disable: bool = False
+
+    @field_validator("interval", "timeout", "start_period", "start_interval", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_compose_duration(v)
+
+    @field_validator("test")
+    @classmethod
+    def _test_form(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("empty health check command")
+            return v
+        if not v:
+            raise ValueError("empty health check test")
+        if v[0] not in ("CMD", "CMD-SHELL", "NONE"):
+            raise ValueError(f'test must start with "CMD", "CMD-SHELL" or "NONE", got {v[0]!r}')
+        if v[0] == "CMD" and len(v) < 2:
+            raise ValueError('"CMD" needs a command after it')
+        if v[0] == "CMD-SHELL" and (len(v) != 2 or not v[1].strip()):
+            raise ValueError('"CMD-SHELL" takes exactly one shell command string')
+        return v
+
+    def argv(self) -> list[str] | None:
+        """The probe as an argv list (CMD-SHELL/string through ``/bin/sh -c``); None for NONE."""
+        t = self.test
+        if isinstance(t, str):
+            return ["/bin/sh", "-c", t]
+        if t[0] == "NONE" or self.disable:
+            return None
+        if t[0] == "CMD-SHELL":
+            return ["/bin/sh", "-c", t[1]]
+        return list(t[1:])
+
+    @property
+    def deadline_s(self) -> float:
+        """How long a start may take before the service counts as unhealthy (s):
+        start_period + retries * (interval + timeout), as Docker's health state machine allows."""
+        return self.start_period + max(self.retries, 1) * (self.interval + self.timeout)
+
+
+class DependsOn(BaseModel):
+    """A ``depends_on`` entry in map form."""
+
+    model_config = ConfigDict(extra="forbid")
+    condition: Literal["service_started", "service_healthy", "service_completed_successfully"] = "service_started"
+    restart: bool = False
+    required: bool = True
+
+
+class Service(BaseModel):
+    """One compose service. Keys LocalStack runs: command, environment, depends_on,
+    healthcheck, working_dir, stop_signal, stop_grace_period. Keys only the compose backend
+    uses are accepted. ``x-*`` extension keys are kept in :attr:`extensions`."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] | str | None = None
+    environment: dict[str, str | int | float | bool | None] | list[str] = Field(default_factory=dict)
+    depends_on: list[str] | dict[str, DependsOn] = Field(default_factory=list)
+    healthcheck: HealthCheck | None = None
+    working_dir: str | None = None
+    stop_signal: str = "SIGTERM"
+    stop_grace_period: Seconds = 10.0
+    # Used by the compose backend only.
+    image: str | None = None
+    build: str | dict[str, Any] | None = None
+    network_mode: str | None = None
+    volumes: list[Any] | None = None
+    tmpfs: list[str] | str | None = None
+    restart: str | None = None
+    container_name: str | None = None
+    labels: dict[str, str] | list[str] | None = None
+    entrypoint: list[str] | str | None = None
+    user: str | None = None
+    init: bool | None = None
+    shm_size: str | int | None = None
+    ipc: str | None = None
+    ulimits: dict[str, Any] | None = None
+    deploy: dict[str, Any] | None = None
+    runtime: str | None = None
+    cap_add: list[str] | None = None
+    privileged: bool | None = None
+    profiles: list[str] | None = None
+    extensions: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_extensions(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            ext = {k: v for k, v in data.items() if isinstance(k, str) and k.startswith("x-")}
+            if ext:
+                data = {k: v for k, v in data.items() if k not in ext}
+                data["extensions"] = ext
+        return data
+
+    @field_validator("stop_grace_period", mode="before")
+    @classmethod
+    def _grace(cls, v: Any) -> Any:
+        return parse_compose_duration(v)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if v is not None and (not v or (isinstance(v, str) and not v.strip())):
+            raise ValueError("empty command")
+        return v
+
+    def argv(self, backend: str = "local") -> list[str]:
+        """The command as argv (a string is split like a shell would, without running one).
+
+        Under the local backend, ``x-kvchaos-local: {command: ...}`` overrides ``command``: a
+        service whose image has its own entrypoint (the real Toxiproxy) runs another program
+        locally (``kvchaos proxy serve``)."""
+        cmd = self.command
+        if backend == "local":
+            cmd = self.local_command() or cmd
+        if cmd is None:
+            return []
+        return shlex.split(cmd) if isinstance(cmd, str) else [str(a) for a in cmd]
+
+    def local_command(self) -> list[str] | str | None:
+        """``x-kvchaos-local.command``, if the service has one."""
+        local = self.extensions.get("x-kvchaos-local")
+        if isinstance(local, dict):
+            return local.get("command")
+        return None
+
+    def env(self) -> dict[str, str]:
+        """``environment`` as a str->str map (list form ``K=V``; booleans as true/false)."""
+        if isinstance(self.environment, list):
+            out = {}
+            for item in self.environment:
+                k, _, v = item.partition("=")
+                out[k] = v if _ else os.environ.get(k, "")
+            return out
+        return {k: ("" if v is None else str(v).lower() if isinstance(v, bool) else str(v))
+                for k, v in self.environment.items()}
+
+    def dependencies(self) -> dict[str, str]:
+        """``{service: condition}``; the list form means ``service_started`` (compose semantics)."""
+        if isinstance(self.depends_on, list):
+            return {d: "service_started" for d in self.depends_on}
+        return {d: c.condition for d, c in self.depends_on.items()}
+
+
+class Link(BaseModel):
+    """A TCP link through the fault proxy: clients connect to ``listen``, the proxy forwards to
+    ``upstream`` (both ``host:port``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    listen: str
+    upstream: str
+
+    @field_validator("listen", "upstream")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"expected host:port, got {v!r}")
+        return v
+
+
+class ProxySettings(BaseModel):
+    """Where the stack's Toxiproxy (real or ``kvchaos proxy serve``) is."""
+
+    model_config = ConfigDict(extra="forbid")
+    service: str | None = None
+    api: str
+
+
+class RedisSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    service: str
+    url: str
+
+
+class LeakSource(BaseModel):
+    """An HTTP JSON endpoint whose fields must all return to 0 once the stack is quiet.
+
+    ``fields`` maps the reported name to a dotted path in the JSON (``a.b.c``; list items by
+    index, ``a.0.b``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    url: str
+    service: str | None = None
+    fields: dict[str, str]
+
+
+class KvchaosSettings(BaseModel):
+    """The ``x-kvchaos`` extension of a stack file (docs/architecture.md section 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    engine: str | None = None
+    engine_url: str | None = None
+    recompute: str | None = None
+    recompute_url: str | None = None
+    lmcache: str | None = None
+    lmcache_http: str | None = None
+    proxy: ProxySettings | None = None
+    links: dict[str, Link] = Field(default_factory=dict)
+    l2_fs_path: str | None = None
+    redis: RedisSettings | None = None
+    leak_sources: list[LeakSource] = Field(default_factory=list)
+    chunk_size: int = Field(default=256, gt=0)
+
+
+class StackFile(BaseModel):
+    """A whole stack file."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    version: str | None = None
+    name: str | None = None
+    services: dict[str, Service]
+    kvchaos: KvchaosSettings = Field(default_factory=KvchaosSettings, alias="x-kvchaos")
+    networks: dict[str, Any] | None = None
+    volumes: dict[str, Any] | None = None
+    extensions: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_extensions(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            ext = {k: v for k, v in data.items()
+                   if isinstance(k, str) and k.startswith("x-") and k != "x-kvchaos"}
+            if ext:
+                data = {k: v for k, v in data.items() if k not in ext}
+                data["extensions"] = ext
+        return data
+
+    @field_validator("services")
+    @classmethod
+    def _some(cls, v: dict[str, Service]) -> dict[str, Service]:
+        if not v:
+            raise ValueError("a stack needs at least one service")
+        return v
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on ``host:port`` and we may bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
+    """A TCP port the kernel says is free now (bind to port 0), not in ``avoid``."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if not avoid or port not in avoid:
+            return port
+    raise OSError("could not find a free port")
+
+
+def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
+                      run_dir: Path | None = None, allocate_ports: bool = True) -> dict[str, str]:
+    """The variables a stack file is interpolated with.
+
+    Starts from ``environ`` (``os.environ`` when None). Every variable named ``*_PORT`` that has
+    a literal default in the file (``${X_PORT:-1234}``) and is not set gets its default when that
+    port is free on 127.0.0.1, else a free port picked by the kernel (``allocate_ports``), so
+    every reference to it resolves to the same port. ``KVCHAOS_RUN_DIR`` is set to ``run_dir``.
+
+    Returns:
+        The variables (a new dict).
+    """
+    env = dict(os.environ if environ is None else environ)
+    if run_dir is not None:
+        env["KVCHAOS_RUN_DIR"] = str(run_dir)
+    taken: set[int] = set()
+    for name, default in defaults_in(raw).items():
+        if not name.endswith("_PORT") or env.get(name):
+            continue
+        port = int(default) if default.isdigit() else 0
+        if allocate_ports and (port == 0 or port in taken or not port_is_free(port)):
+            port = free_port(avoid=taken)
+        taken.add(port)
+        env[name] = str(port)
+    return env
+
+
+class StackSpec:
+    """A validated, interpolated stack file.
+
+    Attributes:
+        path: the stack file.
+        file: the validated :class:`StackFile`.
+        env: the variables it was interpolated with (ports chosen, run dir).
+        locator: line numbers of the raw file.
+        settings: ``file.kvchaos``.
+    """
+
+    def __init__(self, path: Path, file: StackFile, env: dict[str, str], locator: Locator) -> None:
+        self.path = path
+        self.file = file
+        self.env = env
+        self.locator = locator
+        self.settings = file.kvchaos
+
+    @property
+    def services(self) -> dict[str, Service]:
+        return self.file.services
+
+    def line_of(self, *path: str | int) -> int | None:
+        """Line of a data path in the stack file (for error messages)."""
+        return self.locator.line_of(path)
+
+    def service_error(self, service: str, message: str, *path: str | int) -> ConfigError:
+        """A ConfigError naming the file, the service's line (or a key under it) and the service."""
+        full = ("services", service) + tuple(path)
+        return ConfigError(str(self.path), self.locator.line_of(full), format_path(full), message)
+
+    def with_dependencies(self, services: list[str]) -> list[str]:
+        """``services`` plus everything they depend on, transitively.
+
+        Raises:
+            ConfigError: a name is not a service of the stack file.
+        """
+        out: set[str] = set()
+        todo = list(services)
+        while todo:
+            n = todo.pop()
+            if n not in self.services:
+                raise ConfigError(str(self.path), None, None,
+                                  f"unknown service {n!r} (services: {', '.join(self.services)})")
+            if n not in out:
+                out.add(n)
+                todo.extend(self.services[n].dependencies())
+        return [n for n in self.services if n in out]
+
+    def start_order(self) -> list[list[str]]:
+        """Services in dependency order, as waves that may start together."""
+        deps = {n: set(s.dependencies()) for n, s in self.services.items()}
+        waves: list[list[str]] = []
+        done: set[str] = set()
+        while len(done) < len(deps):
+            wave = sorted(n for n, d in deps.items() if n not in done and d <= done)
+            if not wave:  # validated acyclic in load_stack
+                raise RuntimeError("dependency cycle")
+            waves.append(wave)
+            done.update(wave)
+        return waves
+
+
+def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
+               run_dir: Path | None = None, require_commands: bool = True,
+               allocate_ports: bool = True) -> StackSpec:
+    """Load, interpolate and validate a stack file.
+
+    Args:
+        path: the compose-format stack file.
+        environ: variables (``os.environ`` when None); unset ``*_PORT`` ones are allocated.
+        run_dir: the stack's scratch folder (``${KVCHAOS_RUN_DIR}``).
+        require_commands: every service must have a ``command`` (LocalStack runs it).
+        allocate_ports: pick free ports for taken defaults (False: keep defaults, e.g. for
+            ``kvchaos validate``).
+
+    Returns:
+        The :class:`StackSpec`.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, unknown key, bad value, a missing variable,
+            unknown ``depends_on`` target, a dependency cycle, a missing command, or an
+            ``x-kvchaos`` entry naming a service that does not exist. The message names the
+            file and line, and the service where there is one.
+    """
+    path = Path(path)
+    name = str(path)
+    raw, locator = load_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(name, locator.line_of(()), None, "a stack file is a mapping with 'services'")
+    env = resolve_variables(raw, environ=environ, run_dir=run_dir, allocate_ports=allocate_ports)
+    problems: list[ConfigError] = []
+
+    def bad_var(p: tuple, exc: InterpolationError) -> None:
+        problems.append(ConfigError(name, locator.line_of(p), format_path(p), exc.message))
+
+    data = interpolate_data(raw, env, on_error=bad_var)
+    if problems:
+        raise problems[0]
+    try:
+        file = StackFile.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise config_error_from_validation(name, exc, locator, data) from None
+    spec = StackSpec(path, file, env, locator)
+
+    for svc_name, svc in file.services.items():
+        for dep in svc.dependencies():
+            if dep not in file.services:
+                raise spec.service_error(svc_name, f"service {svc_name!r} depends on unknown service {dep!r}",
+                                         "depends_on")
+            if dep == svc_name:
+                raise spec.service_error(svc_name, f"service {svc_name!r} depends on itself", "depends_on")
+        local = svc.extensions.get("x-kvchaos-local")
+        if local is not None and (not isinstance(local, dict) or set(local) - {"command"}
+                                  or not isinstance(local.get("command"), (str, list)) or not local.get("command")):
+            raise spec.service_error(svc_name, "x-kvchaos-local takes one key, command (a list or a string)",
+                                     "x-kvchaos-local")
+        if require_commands and svc.command is None and svc.local_command() is None:
+            raise spec.service_error(svc_name, f"service {svc_name!r} has no command "
+                                     "(the local backend runs each service's command)")
+        if svc.dependencies() and any(c == "service_healthy" for c in svc.dependencies().values()):
+            for dep, cond in svc.dependencies().items():
+                if cond == "service_healthy" and file.services[dep].healthcheck is None:
+                    raise spec.service_error(svc_name, f"service {svc_name!r} waits for {dep!r} to be healthy, "
+                                             f"but {dep!r} has no healthcheck", "depends_on", dep)
+    _check_cycles(spec)
+    _check_settings(spec)
+    return spec
+
+
+def _check_cycles(spec: StackSpec) -> None:
+    state: dict[str, int] = {}
+
+    def visit(n: str, trail: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            cycle = " -> ".join(trail[trail.index(n):] + [n])
+            raise spec.service_error(n, f"dependency cycle: {cycle}", "depends_on")
+        state[n] = 1
+        for d in spec.services[n].dependencies():
+            visit(d, trail + [n])
+        state[n] = 2
+
+    for n in spec.services:
+        visit(n, [])
+
+
+def _check_settings(spec: StackSpec) -> None:
+    s = spec.settings
+    for key in ("engine", "recompute", "lmcache"):
+        svc = getattr(s, key)
+        if svc is not None and svc not in spec.services:
+            raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", key)), f"x-kvchaos.{key}",
+                              f"names unknown service {svc!r} (services: {', '.join(spec.services)})")
+    for key, obj in (("proxy", s.proxy), ("redis", s.redis)):
+        if obj is not None and obj.service is not None and obj.service not in spec.services:
+            raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", key, "service")),
+                              f"x-kvchaos.{key}.service", f"names unknown service {obj.service!r}")
+    for i, src in enumerate(s.leak_sources):
+        if src.service is not None and src.service not in spec.services:
+            raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", "leak_sources", i, "service")),
+                              f"x-kvchaos.leak_sources[{i}].service", f"names unknown service {src.service!r}")
+    if s.links and s.proxy is None:
+        raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", "links")), "x-kvchaos.links",
+                          "links need a proxy: add x-kvchaos.proxy.api")

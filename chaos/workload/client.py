@@ -1,0 +1,313 @@
+"""An async client of the engine's OpenAI-compatible ``/v1/completions`` that writes the history.
+
+    invoke ──POST /v1/completions (X-Request-Id)──> engine
+      │          stream: SSE, one token per event ──> ttft_s, itl_s
+      └─> ok (token ids, cached_token_stats, usage) | fail (HTTP error) | info (deadline,
+          connection lost mid-answer, or aborted on purpose by a Cancel)
+
+``fail`` means the engine answered with an error (the request definitely ended);
+``info`` means indeterminate: we stopped waiting or the connection broke mid-answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaos.history import HistoryWriter, Op
+from chaos.workload.generator import prompt_hash
+
+__all__ = ["CompletionRequest", "Cancel", "CompletionClient", "CompletionOutcome"]
+
+
+class CompletionRequest(BaseModel):
+    """A request to send, with the workload labels recorded in the history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int = Field(ge=1)
+    stream: bool = False
+    cache_salt: str | None = None
+    family: int | None = None
+    tenant: str | None = None
+    conversation: int | None = None
+    turn: int | None = None
+    prefix_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Abort a request on purpose (the client closes the connection; the engine must abort).
+
+    ``after_first_token``: abort as soon as the first token arrives (streamed requests; a
+    non-streamed request has no first token, so ``after_ms`` must be set for it).
+    ``after_ms``: abort this many milliseconds after sending, if not done by then.
+    """
+
+    after_first_token: bool = False
+    after_ms: float | None = None
+
+
+class CompletionOutcome(BaseModel):
+    """What the client saw; the same data as the ok/fail/info op's value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str  # ok | fail | info
+    token_ids: list[int] = Field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    ttft_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)
+    latency_s: float = 0.0
+    cached_token_stats: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    status: int | None = None
+    error: str | None = None
+    aborted: bool = False
+    prompt_len: int = 0
+
+
+class _Abort(Exception):
+    """Raised inside the stream reader when a Cancel fires."""
+
+
+class CompletionClient:
+    """Sends completions to one engine and records each on the history.
+
+    Args:
+        base_url: the engine, e.g. ``http://127.0.0.1:8100``.
+        history: where invoke/ok/fail/info ops go; None records nothing.
+        model: the ``model`` field sent (the reference engine ignores it).
+        connect_timeout_s: TCP connect timeout, seconds.
+        client: an httpx.AsyncClient to use (tests); default one per CompletionClient.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        history: HistoryWriter | None = None,
+        model: str = "kvchaos",
+        connect_timeout_s: float = 5.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.history = history
+        self.model = model
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self._own_client = client is None
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool (if this client created it)."""
+        if self._own_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> CompletionClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def body(self, req: CompletionRequest) -> dict[str, Any]:
+        """The JSON body sent for ``req`` (docs/architecture.md section 2)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": req.prompt_token_ids,
+            "max_tokens": req.max_tokens,
+            "stream": req.stream,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if req.cache_salt is not None:
+            body["cache_salt"] = req.cache_salt
+        return body
+
+    def _record(self, type_: str, req: CompletionRequest, process: str, phase: str, value: dict) -> Op | None:
+        if self.history is None:
+            return None
+        return self.history.append(
+            process, type_, "complete", phase=phase, request_id=req.request_id, value=value  # type: ignore[arg-type]
+        )
+
+    async def complete(
+        self,
+        req: CompletionRequest,
+        *,
+        process: str = "client-0",
+        phase: str = "",
+        deadline_s: float | None = None,
+        cancel: Cancel | None = None,
+    ) -> CompletionOutcome:
+        """Send one completion, recording invoke then ok/fail/info.
+
+        Args:
+            req: the request.
+            process: history process name (``client-N``).
+            phase: phase name for the history.
+            deadline_s: give up after this many seconds (recorded as ``info``, error
+                "deadline exceeded"); None waits forever.
+            cancel: abort on purpose (recorded as ``info`` with ``aborted: true``).
+
+        Returns:
+            The outcome (also recorded). Never raises for engine or network errors; raises
+            only on cancellation of the calling task (after recording ``info``).
+        """
+        self._record(
+            "invoke",
+            req,
+            process,
+            phase,
+            {
+                "prompt_token_ids": req.prompt_token_ids,
+                "prompt_hash": prompt_hash(req.prompt_token_ids),
+                "prompt_len": len(req.prompt_token_ids),
+                "prefix_len": req.prefix_len,
+                "family": req.family,
+                "tenant": req.tenant,
+                "cache_salt": req.cache_salt,
+                "conversation": req.conversation,
+                "turn": req.turn,
+                "stream": req.stream,
+                "max_tokens": req.max_tokens,
+            },
+        )
+        t0 = time.monotonic()
+        state = _Progress(t0)
+        limits = [x for x in (deadline_s, (cancel.after_ms / 1000.0) if cancel and cancel.after_ms is not None else None) if x is not None]
+        wait_s = min(limits) if limits else None
+        by_cancel = cancel is not None and cancel.after_ms is not None and (
+            deadline_s is None or cancel.after_ms / 1000.0 <= deadline_s
+        )
+        try:
+            if wait_s is None:
+                outcome = await self._send(req, state, cancel)
+            else:
+                outcome = await asyncio.wait_for(self._send(req, state, cancel), wait_s)
+        except asyncio.TimeoutError:
+            outcome = state.outcome(
+                "info",
+                aborted=by_cancel,
+                error="aborted by client after %g ms" % cancel.after_ms if by_cancel and cancel else "deadline exceeded",
+            )
+        except _Abort:
+            outcome = state.outcome("info", aborted=True, error="aborted by client after the first token")
+        except asyncio.CancelledError:
+            outcome = state.outcome("info", aborted=True, error="cancelled by the runner")
+            outcome.prompt_len = len(req.prompt_token_ids)
+            self._record("info", req, process, phase, outcome.model_dump())
+            raise
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            outcome = state.outcome("fail", error=f"connect: {exc!r}")
+        except httpx.HTTPError as exc:  # lost mid-answer: the engine may still have run it
+            outcome = state.outcome("info", error=f"{type(exc).__name__}: {exc}")
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # malformed answer
+            outcome = state.outcome("info", error=f"bad response: {type(exc).__name__}: {exc}")
+        outcome.prompt_len = len(req.prompt_token_ids)
+        self._record(outcome.type, req, process, phase, outcome.model_dump())
+        return outcome
+
+    async def _send(self, req: CompletionRequest, state: _Progress, cancel: Cancel | None) -> CompletionOutcome:
+        url = f"{self.base_url}/v1/completions"
+        headers = {"X-Request-Id": req.request_id}
+        async with self._client.stream("POST", url, json=self.body(req), headers=headers) as resp:
+            state.status = resp.status_code
+            if resp.status_code >= 400:
+                raw = await resp.aread()
+                return state.outcome("fail", error=_error_message(raw, resp.status_code))
+            if not req.stream:
+                data = json.loads(await resp.aread())
+                state.absorb_final(data)
+                return state.outcome("ok")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    state.done = True
+                    break
+                event = json.loads(payload)
+                if "error" in event or event.get("object") == "error":
+                    return state.outcome("fail", error=_error_message(payload.encode(), resp.status_code))
+                state.absorb_event(event)
+                if cancel is not None and cancel.after_first_token and state.token_ids:
+                    raise _Abort()
+            if not state.done:
+                return state.outcome("info", error="stream ended without [DONE]")
+            return state.outcome("ok")
+
+
+class _Progress:
+    """What has arrived so far for one request (kept when the request is cut short)."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.token_times: list[float] = []
+        self.finish_reason: str | None = None
+        self.cached_token_stats: dict[str, Any] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.status: int | None = None
+        self.done = False
+
+    def absorb_final(self, data: dict[str, Any]) -> None:
+        choice = data["choices"][0]
+        self.token_ids = list(choice.get("token_ids") or [])
+        self.text = choice.get("text") or ""
+        self.finish_reason = choice.get("finish_reason")
+        self.usage = data.get("usage")
+        self.cached_token_stats = ((data.get("kv_transfer_params") or {}).get("cached_token_stats"))
+
+    def absorb_event(self, event: dict[str, Any]) -> None:
+        now = time.monotonic()
+        for choice in event.get("choices") or []:
+            ids = choice.get("token_ids") or []
+            if ids:
+                self.token_ids.extend(ids)
+                self.token_times.extend([now] * len(ids))
+            self.text += choice.get("text") or ""
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        if event.get("usage"):
+            self.usage = event["usage"]
+        stats = (event.get("kv_transfer_params") or {}).get("cached_token_stats")
+        if stats is not None:
+            self.cached_token_stats = stats
+
+    def outcome(self, type_: str, *, error: str | None = None, aborted: bool = False) -> CompletionOutcome:
+        times = self.token_times
+        return CompletionOutcome(
+            type=type_,
+            token_ids=self.token_ids,
+            text=self.text,
+            finish_reason=self.finish_reason,
+            ttft_s=(times[0] - self.t0) if times else None,
+            itl_s=[b - a for a, b in zip(times, times[1:])],
+            latency_s=time.monotonic() - self.t0,
+            cached_token_stats=self.cached_token_stats,
+            usage=self.usage,
+            status=self.status,
+            error=error,
+            aborted=aborted,
+        )
+
+
+def _error_message(raw: bytes, status: int) -> str:
+    try:
+        data = json.loads(raw)
+        msg = data.get("message") or (data.get("error") or {}).get("message") or raw.decode()[:300]
+    except (ValueError, AttributeError):
+        msg = raw.decode("utf-8", "replace")[:300]
+    return f"HTTP {status}: {msg}"

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from chaos.scenario.cli import app, schema_text, stack_names
+
+from .conftest import GOOD
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def test_validate_ok_and_bad(write):
+    good = write(GOOD, "good.yaml")
+    r = runner.invoke(app, ["validate", str(good)])
+    assert r.exit_code == 0, r.output
+    assert f"{good}: ok" in r.output
+    bad = write(GOOD.replace("link: engine-lmcache", "link: nowhere"), "bad.yaml")
+    r = runner.invoke(app, ["validate", str(good), str(bad)])
+    assert r.exit_code == 2
+    assert f"{bad}:14: phases[1].faults[0].link: unknown link 'nowhere'" in r.output
+    r = runner.invoke(app, ["validate", str(good.parent / "missing.yaml")])
+    assert r.exit_code == 2 and "no such file or folder" in r.output
+
+
+def test_stack_names(scenario_dir):
+    assert stack_names(scenario_dir / "stack.yml") == (
+        {"engine-lmcache", "lmcache-redis"}, {"engine", "lmcache"})
+    (scenario_dir / "plain.yml").write_text("services: {a: {}}\n")
+    assert stack_names(scenario_dir / "plain.yml") is None
+
+
+def test_schema_command(tmp_path):
+    out = tmp_path / "s" / "scenario.schema.json"
+    r = runner.invoke(app, ["schema", "--output", str(out)])
+    assert r.exit_code == 0 and out.read_text() == schema_text()
+    r = runner.invoke(app, ["schema", "-o", "-"])
+    assert json.loads(r.output)["title"] == "kvchaos scenario"
+
+
+def test_checked_in_schema_is_fresh():
+    path = REPO / "schemas" / "scenario.schema.json"
+    assert path.read_text() == schema_text(), (
+        "schemas/scenario.schema.json is stale: run `kvchaos schema` and commit it")
+
+
+def test_list(write, scenario_dir):
+    write(GOOD, "a.yaml")
+    r = runner.invoke(app, ["list", str(scenario_dir), "--json"])
+    assert r.exit_code == 2  # stack.yml in the same folder is not a scenario
+    rows = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+    assert rows == [{"name": "lookup-stall", "file": str(scenario_dir / "a.yaml"), "faults": ["latency"],
+                     "checks": ["liveness", "leaks"], "xfail": None, "description": "test"}]
+    r = runner.invoke(app, ["list", str(REPO / "scenarios")])
+    assert r.exit_code == 0, r.output
+    assert "lookup-timeout" in r.output and "smoke" in r.output
