@@ -31,7 +31,11 @@ def _add_layer_commands() -> None:
     commands so that `kvchaos --help` stays fast."""
     from chaos.engine.cli import app as engine_app
     from chaos.proxy.cli import app as proxy_app
+    from chaos.scenario.cli import list_scenarios, schema, validate
 
+    app.command("validate")(validate)
+    app.command("schema")(schema)
+    app.command("list")(list_scenarios)
     app.add_typer(proxy_app, name="proxy")
     app.add_typer(engine_app, name="engine")
 
@@ -135,6 +139,88 @@ def _print_status(stack) -> None:
     ports = {k: v for k, v in sorted(stack.env.items()) if k.endswith("_PORT")}
     if ports:
         out.print("ports: " + ", ".join(f"{k}={v}" for k, v in ports.items()), highlight=False)
+
+
+@app.command("run")
+def run_cmd(
+    scenarios: list[Path] = typer.Argument(..., help="scenario files or folders of them"),
+    backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND",
+                                help="local (processes, no Docker) or compose (docker compose)"),
+    seed: int | None = typer.Option(None, "--seed", help="override every scenario's seed"),
+    keep_stack: bool = typer.Option(False, "--keep-stack", help="leave the stacks running at the end"),
+    report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
+    bug: list[str] = typer.Option(None, "--bug", help="plant this reference-engine bug in every scenario "
+                                  "(repeatable; see `kvchaos engine serve --help`)"),
+    timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
+) -> None:
+    """Run chaos scenarios against their stacks and check the invariants.
+
+    Exit codes: 0 all checks passed, 1 a check failed, 2 a scenario or stack file is invalid,
+    3 infrastructure error (a stack did not start), 4 inconclusive (a fault never bit).
+    """
+    from chaos.report.suite import print_suite, suite_exit_code, build_suite
+    from chaos.runner.run import RunInterrupted
+    from chaos.runner.suite import SuiteOptions, load_and_validate, run_suite
+    from chaos.scenario.loader import discover_scenarios
+
+    if backend not in ("local", "compose"):
+        print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID)
+    try:
+        paths = [p for root in scenarios for p in discover_scenarios(root)]
+        if not paths:
+            print(f"error: no scenario files in {', '.join(map(str, scenarios))}", file=sys.stderr)
+            raise typer.Exit(EXIT_INVALID)
+        loaded = load_and_validate(paths)
+    except ConfigError as exc:
+        fail_config(exc)
+    opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,
+                        engine_bugs=list(bug) if bug else None, timeout_s=timeout)
+    try:
+        with console.status("starting") as status:
+            def say(msg: str) -> None:
+                status.update(msg)
+                console.log(msg, highlight=False)
+
+            results, suite_dir = run_suite(loaded, opts, say)
+    except (KeyboardInterrupt, RunInterrupted) as exc:
+        console.print(f"[red]interrupted[/red] ({exc or 'SIGINT'}): faults healed, stacks stopped")
+        raise typer.Exit(130)
+    suite = build_suite(suite_dir.name, results, report_dir)
+    print_suite(suite, Console(width=160))
+    for r in results:
+        bad = [c for c in r.checks if c.verdict != "passed"]
+        for c in bad:
+            out.print(f"{r.scenario}: {c.name} {c.verdict}: {c.summary}", highlight=False)
+        if r.error:
+            out.print(f"{r.scenario}: error: {r.error.splitlines()[0]}", highlight=False)
+        out.print(f"report: {report_dir / r.run_id / 'report.html'}", highlight=False)
+    out.print(f"suite: {suite_dir}", highlight=False)
+    raise typer.Exit(suite_exit_code(results))
+
+
+@app.command("report")
+def report_cmd(run_dir: Path = typer.Argument(..., help="a run folder, reports/<run-id>")) -> None:
+    """Re-render a run's junit.xml and report.html from its result.json and history.jsonl."""
+    from chaos.report.cli import report
+
+    raise typer.Exit(report(run_dir))
+
+
+@app.command("cleanup")
+def cleanup_cmd() -> None:
+    """Undo what killed runs left behind (toxics, paused or orphaned processes, mounts, ballast
+    files, compose projects), from the journals in the state directory."""
+    from chaos.cleanup import cleanup
+
+    rep = cleanup()
+    for line in rep.undone:
+        out.print(line, highlight=False)
+    for line in rep.errors:
+        print(f"error: {line}", file=sys.stderr)
+    if not rep.undone and not rep.errors:
+        out.print("nothing to clean up")
+    raise typer.Exit(1 if rep.errors else 0)
 
 
 @app.command("probe")

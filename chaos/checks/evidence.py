@@ -36,7 +36,7 @@ def _why_not(f: FaultRecord) -> str | None:
         return "no evidence recorded"
     if f.evidence.get("bit") is not True:
         extra = {k: v for k, v in f.evidence.items() if k != "bit"}
-        return "did not bite" + (f" ({extra})" if extra else "")
+        return "did not bite" + (" (" + ", ".join(f"{k}={v}" for k, v in extra.items()) + ")" if extra else "")
     return None
 
 

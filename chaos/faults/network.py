@@ -51,13 +51,15 @@ def require_proxy(ctx: FaultContext) -> Any:
 
 
 def acted_on(ctx: FaultContext, link: str, toxic: str) -> int | None:
-    """Connections the toxic ``toxic`` on proxy ``link`` has acted on so far, or None when the
-    proxy does not report it (e.g. the real Toxiproxy, which has no per-toxic counters)."""
-    client = require_proxy(ctx)
-    counts = client.toxic_connection_counts()  # {(proxy, toxic): connections acted on} | None
-    if not counts:  # no /metrics, or a proxy that exports no per-toxic counter at all
+    """Connections the toxic ``toxic`` on proxy ``link`` has acted on so far (from the proxy's
+    ``/metrics``), or None when the proxy exports no per-toxic counter (the real Toxiproxy)."""
+    from chaos.proxy.client import TOXIC_METRIC, parse_toxic_connections
+
+    text = require_proxy(ctx).metrics_text()
+    # The family is exported even before any toxic acted; its absence means "not reported".
+    if text is None or TOXIC_METRIC not in text:
         return None
-    return int(counts.get((link, toxic), 0))
+    return int(parse_toxic_connections(text).get((link, toxic), 0))
 
 
 def _is_not_found(exc: Exception) -> bool:

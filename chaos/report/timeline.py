@@ -180,13 +180,28 @@ def build_timeline(result: RunResult, history: Iterable[Any]) -> Timeline:
         fault_rows.append((y, f))
         y += FAULT_H + 2
     y += GAP
+    # One row per client process; a request that overlaps an earlier one of the same process
+    # (the workload reused a process name) goes to an extra lane under it, so no bar hides another.
     procs = sorted({r.process for r in reqs}, key=_proc_key)
-    row_h = max(5.0, min(14.0, 480.0 / max(1, len(procs))))
-    top_requests = y
-    row_of = {p: top_requests + i * (row_h + 2) for i, p in enumerate(procs)}
+    lane_ends: dict[str, list[float]] = {p: [] for p in procs}
+    lane_of: dict[str, int] = {}
+    for r in sorted(reqs, key=lambda r: r.invoke_time):
+        end = r.end_time if r.end_time is not None else t_max
+        ends = lane_ends[r.process]
+        lane = next((i for i, e in enumerate(ends) if e <= r.invoke_time), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+        else:
+            ends[lane] = end
+        lane_of[r.request_id] = lane
+    n_lanes = sum(max(1, len(lane_ends[p])) for p in procs)
+    row_h = max(5.0, min(14.0, 480.0 / max(1, n_lanes)))
+    row_of: dict[str, float] = {}
     for p in procs:
-        tl.rows.append(RowLabel(y=row_of[p] + row_h / 2, text=p))
-    bottom = top_requests + len(procs) * (row_h + 2)
+        row_of[p] = y
+        tl.rows.append(RowLabel(y=y + row_h / 2, text=p))
+        y += max(1, len(lane_ends[p])) * (row_h + 2)
+    bottom = y
     for r in reqs:
         cls = r.request_class or "in_flight"
         end = r.end_time if r.end_time is not None else t_max
@@ -196,7 +211,7 @@ def build_timeline(result: RunResult, history: Iterable[Any]) -> Timeline:
         lat = f"{r.latency_s:.2f}s" if r.latency_s is not None else "never completed"
         err = f", error: {r.error}" if r.error else ""
         tl.bars.append(Bar(
-            x=sx(r.invoke_time), y=row_of[r.process], w=max(1.5, sx(end) - sx(r.invoke_time)), h=row_h,
+            x=sx(r.invoke_time), y=row_of[r.process] + lane_of[r.request_id] * (row_h + 2), w=max(1.5, sx(end) - sx(r.invoke_time)), h=row_h,
             request_id=r.request_id, request_class=cls, colour=CLASS_COLOURS.get(cls, "#868e96"),
             failed=cls == "failed", wrong=r.request_id in wrong, in_flight=r.end_time is None,
             title=(f"{r.request_id} [{cls}] phase {r.phase}, t={r.invoke_time:.2f}s, {lat}{hit}{err}"

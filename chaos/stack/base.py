@@ -140,6 +140,23 @@ class Stack(abc.ABC):
     def collect_logs(self, dest_dir: Path) -> list[Path]:
         """Copy each service's log into ``dest_dir``; returns the files written."""
 
+    def reconfigure(self, variables: dict[str, str], restart: list[str]) -> None:
+        """Set stack variables (e.g. ``KVCHAOS_ENGINE_BUGS``), interpolate the stack file again
+        with them, and restart the services in ``restart`` so they pick them up. Ports and the
+        run dir stay as they are.
+
+        Raises:
+            ConfigError: the file no longer validates; StackError: a restart failed.
+        """
+        from chaos.stack.spec import load_stack
+
+        environ = dict(self.env)
+        environ.update(variables)
+        spec = load_stack(self.spec.path, environ=environ, run_dir=self.run_dir)
+        self.spec, self.env, self.settings = spec, spec.env, spec.settings
+        for name in restart:
+            self.restart(name)
+
     def unexpected_exits(self) -> list[ServiceExit]:
         """Exits no kvchaos action caused (for the liveness check)."""
         self.status()

@@ -29,9 +29,10 @@ def synthetic_history(seed: int = 7) -> tuple[list[dict[str, Any]], Snapshots]:
     phases = [("warm", 0.0, 12.0), ("stall", 12.0, 24.0), ("recover", 24.0, 34.0)]
     n = 0
     planted: str | None = None
+    last_end = [0.0] * 4
     for phase, start, end in phases:
         for c in range(4):
-            t = start + rng.uniform(0, 0.5)
+            t = max(start, last_end[c]) + rng.uniform(0, 0.5)
             while t < end - 1:
                 rid = f"w-{n}"
                 n += 1
@@ -75,6 +76,7 @@ def synthetic_history(seed: int = 7) -> tuple[list[dict[str, Any]], Snapshots]:
                                                       "num_preemptions": 0, **stats},
                                "usage": {"prompt_tokens": len(prompt), "completion_tokens": 16},
                                "ttft_s": ttft, "itl_s": [(lat - ttft) / 15] * 15, "latency_s": lat})
+                last_end[c] = t + lat
                 t += lat + rng.uniform(0.05, 0.3)
     add(12.0, "nemesis", "invoke", "apply", "stall", fault_id="stall-latency",
         value={"kind": "latency", "params": {"link": "engine-lmcache", "latency_ms": 3000, "stream": "downstream"}})
@@ -132,3 +134,10 @@ def run_dir(tmp_path: Path, synthetic) -> Path:
     from chaos.report import write_report
     write_report(d, result, ops)
     return d
+
+
+@pytest.fixture
+def make_result(synthetic):
+    """Build the synthetic run's RunResult with overrides (xfail=..., error=...)."""
+    ops, snaps, _ = synthetic
+    return lambda **kw: synthetic_result(ops, snaps, **kw)

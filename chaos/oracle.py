@@ -1,0 +1,165 @@
+"""The recompute oracle: what each request's output must be, from the stack's recompute twin.
+
+The twin is the same engine (same model, dtype, seed) with the KV connector off and the local
+prefix cache off, so every token it produces was computed from scratch. Greedy decoding makes
+its output a function of (engine fingerprint, prompt token ids, max_tokens); a cache_salt does
+not change what a correct engine computes, only which cache entries it may reuse.
+
+Answers are kept on disk (SQLite, one file per engine fingerprint) under
+``$KVCHAOS_ORACLE_DIR`` (default ``~/.cache/kvchaos/oracle``) and reused across runs, so a
+rerun of a suite asks the twin only for prompts it never saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import httpx
+
+from chaos.history import Op
+from chaos.workload.client import CompletionClient, CompletionRequest
+
+
+class OracleError(RuntimeError):
+    """The recompute twin could not answer (unreachable, HTTP error, no fingerprint)."""
+
+
+def oracle_dir() -> Path:
+    """Where oracle databases live; created on demand."""
+    d = Path(os.environ.get("KVCHAOS_ORACLE_DIR") or Path.home() / ".cache" / "kvchaos" / "oracle")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def engine_fingerprint(base_url: str, timeout_s: float = 10.0) -> str:
+    """The engine's fingerprint (model config, dtype, seed, engine version), from
+    ``GET /debug/state`` of the reference engine, else ``GET /v1/models`` (the model id).
+
+    Raises:
+        OracleError: neither answers.
+    """
+    base = base_url.rstrip("/")
+    try:
+        r = httpx.get(f"{base}/debug/state", timeout=timeout_s)
+        if r.status_code == 200 and r.json().get("fingerprint"):
+            return str(r.json()["fingerprint"])
+        r = httpx.get(f"{base}/v1/models", timeout=timeout_s)
+        r.raise_for_status()
+        data = r.json()["data"][0]
+        return "model-" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise OracleError(f"cannot read the fingerprint of the recompute twin at {base}: {exc}") from exc
+
+
+def request_key(prompt_token_ids: list[int], max_tokens: int) -> str:
+    """Oracle key of one request: sha256 over the prompt ids and max_tokens."""
+    h = hashlib.sha256(json.dumps([max_tokens, prompt_token_ids], separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+class RecomputeOracle:
+    """Expected outputs from the recompute twin, cached on disk per engine fingerprint.
+
+    Args:
+        recompute_url: base URL of the recompute twin.
+        fingerprint: the engine fingerprint; read from the twin when None.
+        directory: where the SQLite files live (``oracle_dir()`` when None).
+        concurrency: requests sent to the twin at once.
+        request_timeout_s: deadline of one twin request (s).
+    """
+
+    def __init__(self, recompute_url: str, *, fingerprint: str | None = None, directory: Path | None = None,
+                 concurrency: int = 4, request_timeout_s: float = 300.0) -> None:
+        self.url = recompute_url.rstrip("/")
+        self.fingerprint = fingerprint or engine_fingerprint(self.url)
+        self.path = (directory or oracle_dir()) / f"{self.fingerprint}.sqlite"
+        self.concurrency = concurrency
+        self.request_timeout_s = request_timeout_s
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.execute("CREATE TABLE IF NOT EXISTS expected (key TEXT PRIMARY KEY, token_ids TEXT NOT NULL)")
+        self._db.commit()
+        self.hits = 0
+        self.misses = 0
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    def cached(self, prompt_token_ids: list[int], max_tokens: int) -> list[int] | None:
+        """The stored answer for a request, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT token_ids FROM expected WHERE key = ?",
+                                   (request_key(prompt_token_ids, max_tokens),)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def _store(self, prompt_token_ids: list[int], max_tokens: int, token_ids: list[int]) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO expected VALUES (?, ?)",
+                             (request_key(prompt_token_ids, max_tokens), json.dumps(token_ids)))
+            self._db.commit()
+
+    async def _ask(self, reqs: list[CompletionRequest]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        sem = asyncio.Semaphore(self.concurrency)
+        async with CompletionClient(self.url, history=None) as client:
+            async def one(req: CompletionRequest) -> None:
+                async with sem:
+                    res = await client.complete(req, deadline_s=self.request_timeout_s)
+                if res.type != "ok":
+                    raise OracleError(f"recompute twin failed request {req.request_id}: "
+                                      f"{res.error or res.type} (status {res.status})")
+                out[req.request_id] = res.token_ids
+            await asyncio.gather(*(one(r) for r in reqs))
+        return out
+
+    def expected_for(self, history: Iterable[Op]) -> dict[str, list[int]]:
+        """Expected token ids for every request the history shows completed (``ok``).
+
+        The prompt and max_tokens come from each request's ``invoke`` value
+        (``prompt_token_ids``, ``max_tokens``). Requests not in the store are sent to the twin
+        (non-streamed, no cache_salt) and stored.
+
+        Returns:
+            ``{request_id: token_ids}``.
+
+        Raises:
+            OracleError: the twin failed a request.
+        """
+        ops = list(history)
+        done = {op.request_id for op in ops if op.f == "complete" and op.type == "ok"}
+        invokes = {op.request_id: op.value for op in ops
+                   if op.f == "complete" and op.type == "invoke" and op.request_id in done}
+        expected: dict[str, list[int]] = {}
+        ask: dict[tuple, CompletionRequest] = {}
+        waiting: dict[tuple, list[str]] = {}
+        for rid, v in invokes.items():
+            prompt, max_tokens = v.get("prompt_token_ids"), v.get("max_tokens")
+            if prompt is None or max_tokens is None:
+                continue
+            hit = self.cached(prompt, max_tokens)
+            if hit is not None:
+                self.hits += 1
+                expected[rid] = hit
+                continue
+            key = (request_key(prompt, max_tokens),)
+            waiting.setdefault(key, []).append(rid)
+            if key not in ask:
+                self.misses += 1
+                ask[key] = CompletionRequest(request_id=f"oracle-{key[0][:12]}", prompt_token_ids=prompt,
+                                             max_tokens=max_tokens)
+        if ask:
+            answers = asyncio.run(self._ask(list(ask.values())))
+            for key, req in ask.items():
+                ids = answers[req.request_id]
+                self._store(req.prompt_token_ids, req.max_tokens, ids)
+                for rid in waiting[key]:
+                    expected[rid] = ids
+        return expected

@@ -1,0 +1,316 @@
+"""Run one scenario against a running stack: phases, the nemesis, quiesce, oracle, checks.
+
+    baseline (stack healthy, counters before) ─> phase 1 ─> phase 2 ─> ... ─> heal all
+        each phase: workload (chaos/workload)  ║  nemesis: apply at start, heal at end
+    ─> quiesce (leak sources polled until 0 or deadline) ─> oracle (recompute twin)
+    ─> checks (pure functions of history + snapshots) ─> report
+
+Every fault that was applied is healed on every exit path (return, exception, Ctrl-C,
+SIGTERM, the scenario deadline): heal runs in ``finally``, one fault at a time, each even if an
+earlier heal failed (Chaos Toolkit's rollbacks). Before a fault is applied it is written to the
+journal (chaos/journal.py) so ``kvchaos cleanup`` can heal it if the runner is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.checks.registry import run_checks
+from chaos.checks.result import CheckResult
+from chaos.checks.snapshots import ServiceExit as SnapshotExit
+from chaos.checks.snapshots import Snapshots
+from chaos.faults import registry as fault_registry
+from chaos.faults.base import Fault, FaultContext
+from chaos.history import HistoryWriter
+from chaos.journal import Journal
+from chaos.oracle import OracleError, RecomputeOracle
+from chaos.report.model import RunResult
+from chaos.report.result import build_result
+from chaos.report.writer import write_report
+from chaos.runner.leaks import poll_until_quiet
+from chaos.scenario.model import Phase, Scenario
+from chaos.stack.base import Stack
+from chaos.workload.client import CompletionClient
+from chaos.workload.driver import run_conversations
+from chaos.workload.generator import plan_phase
+
+class RunInterrupted(BaseException):
+    """SIGTERM (or SIGINT) arrived while a scenario ran; faults are healed before it leaves."""
+
+
+@dataclass
+class AppliedFault:
+    """A fault the nemesis started applying (so it must be healed)."""
+
+    fault: Fault
+    phase: str
+    healed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside the block, SIGTERM raises :class:`RunInterrupted` in the main thread (so
+    ``finally`` blocks heal faults); the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise RunInterrupted(f"signal {signal.Signals(signum).name}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class Nemesis:
+    """Applies and heals a scenario's faults on the phase clock, recording both on the history."""
+
+    def __init__(self, ctx: FaultContext, history: HistoryWriter, journal: Journal, proxy_api: str | None) -> None:
+        self.ctx = ctx
+        self.history = history
+        self.journal = journal
+        self.proxy_api = proxy_api
+        self.applied: list[AppliedFault] = []
+
+    def apply(self, fault: Fault, phase: str) -> None:
+        """Apply ``fault`` now (blocking); records invoke, then ok or fail."""
+        p = fault.params
+        params = p.model_dump(mode="json")
+        self.journal.add("fault", fault.id, fault_kind=p.kind, params=params, proxy_api=self.proxy_api)
+        entry = AppliedFault(fault, phase)
+        self.applied.append(entry)
+        self.history.append("nemesis", "invoke", "apply", phase=phase, fault_id=fault.id,
+                            value={"kind": p.kind, "params": params})
+        try:
+            done = fault.apply(self.ctx)
+        except Exception as exc:  # recorded; heal still runs at the end
+            self.history.append("nemesis", "fail", "apply", phase=phase, fault_id=fault.id,
+                                value={"kind": p.kind, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        self.history.append("nemesis", "ok", "apply", phase=phase, fault_id=fault.id,
+                            value={"kind": p.kind, **_jsonable(done)})
+
+    def heal(self, entry: AppliedFault) -> None:
+        """Heal one applied fault (idempotent); records invoke, then ok (with evidence) or fail."""
+        with entry.lock:
+            if entry.healed:
+                return
+            entry.healed = True
+        fault, phase = entry.fault, entry.phase
+        kind = fault.params.kind
+        self.history.append("nemesis", "invoke", "heal", phase=phase, fault_id=fault.id, value={"kind": kind})
+        try:
+            done = fault.heal(self.ctx)
+        except Exception as exc:
+            self.history.append("nemesis", "fail", "heal", phase=phase, fault_id=fault.id,
+                                value={"kind": kind, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        try:
+            evidence = fault.evidence(self.ctx)
+        except Exception as exc:
+            evidence = {"bit": False, "error": f"{type(exc).__name__}: {exc}"}
+        self.journal.remove("fault", fault.id)
+        self.history.append("nemesis", "ok", "heal", phase=phase, fault_id=fault.id,
+                            value={"kind": kind, **_jsonable(done), "evidence": _jsonable(evidence)})
+
+    def heal_all(self) -> list[str]:
+        """Heal every applied fault not yet healed, newest first; returns errors (never raises)."""
+        errors = []
+        for entry in reversed(self.applied):
+            try:
+                self.heal(entry)
+            except BaseException as exc:  # keep healing the others
+                errors.append(f"heal {entry.fault.id}: {exc}")
+        return errors
+
+    def pending(self, phase: str) -> list[AppliedFault]:
+        return [e for e in self.applied if e.phase == phase and not e.healed]
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return str(obj)
+
+
+async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client: CompletionClient,
+                     deadline_s: float | None) -> None:
+    """One phase: the workload and the phase's faults on one clock."""
+    loop_t0 = time.monotonic()
+    faults = [fault_registry.build_fault(p) for p in phase.faults]
+
+    async def fault_timeline(fault: Fault) -> None:
+        p = fault.params
+        await asyncio.sleep(max(0.0, p.start - (time.monotonic() - loop_t0)))
+        await asyncio.to_thread(nemesis.apply, fault, phase.name)
+        if p.duration is not None:
+            await asyncio.sleep(max(0.0, p.start + p.duration - (time.monotonic() - loop_t0)))
+            entry = next(e for e in nemesis.applied if e.fault is fault)
+            await asyncio.to_thread(nemesis.heal, entry)
+
+    n = scenario.phase_requests(phase)
+    conversations = plan_phase(scenario.workload, scenario.seed, phase.name, n) if n else []
+    tasks = [asyncio.create_task(fault_timeline(f)) for f in faults]
+    try:
+        if conversations:
+            await run_conversations(client, conversations, phase=phase.name,
+                                    concurrency=scenario.workload.concurrency, deadline_s=deadline_s)
+        if tasks:
+            await asyncio.gather(*tasks)
+        if phase.duration is not None:
+            await asyncio.sleep(max(0.0, phase.duration - (time.monotonic() - loop_t0)))
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    # `until: end` faults end with their phase.
+    for entry in nemesis.pending(phase.name):
+        await asyncio.to_thread(nemesis.heal, entry)
+
+
+def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str,
+                 timeout_s: float | None = None, progress=None) -> RunResult:
+    """Run ``scenario`` on a running ``stack`` and evaluate its checks.
+
+    Args:
+        scenario: validated scenario (chaos/scenario/loader.py).
+        stack: a stack that is up (LocalStack or ComposeStack).
+        run_dir: this run's report folder; ``history.jsonl`` is written there as the run goes.
+        run_id: unique id (names the journal).
+        timeout_s: overall deadline for the phases (None: no deadline); on expiry the run is
+            an infrastructure error, faults are healed and the report still written.
+        progress: optional callable(str) for status lines.
+
+    Returns:
+        The run's result (report written to ``run_dir``); never raises for check failures.
+
+    Raises:
+        RunInterrupted, KeyboardInterrupt: after healing every fault and writing the report.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda _msg: None)
+    history = HistoryWriter(run_dir / "history.jsonl")
+    journal = Journal(run_id)
+    settings = stack.settings
+    proxy_client = None
+    if settings.proxy is not None:
+        from chaos.proxy.client import ToxiproxyClient
+
+        proxy_client = ToxiproxyClient(settings.proxy.api)
+    ctx = FaultContext(proxy=proxy_client, stack=stack, history=history, rng=random.Random(scenario.seed),
+                       scenario_dir=scenario.source.parent if scenario.source else Path.cwd())
+    nemesis = Nemesis(ctx, history, journal, settings.proxy.api if settings.proxy else None)
+    exits_before = len(stack.exits)
+    snapshots = Snapshots(chunk_size=settings.chunk_size)
+    error: str | None = None
+    checks: list[CheckResult] = []
+    oracle_info: dict[str, Any] = {}
+    started = time.time()
+    t0 = time.monotonic()
+    liveness = scenario.checks.liveness
+    deadline = liveness.request_deadline_s if liveness is not None else 120.0
+    interrupted: BaseException | None = None
+    try:
+        with sigterm_as_interrupt():
+            async def phases() -> None:
+                async with CompletionClient(settings.engine_url, history=history) as client:
+                    for phase in scenario.phases:
+                        say(f"phase {phase.name}")
+                        ctx.phase = phase.name
+                        await _run_phase(scenario, phase, nemesis, client, deadline)
+
+            async def bounded() -> None:
+                if timeout_s is None:
+                    await phases()
+                else:
+                    await asyncio.wait_for(phases(), timeout_s)
+
+            try:
+                asyncio.run(bounded())
+            except asyncio.TimeoutError:
+                error = f"scenario deadline of {timeout_s:.0f}s passed"
+            finally:
+                heal_errors = nemesis.heal_all()
+                if heal_errors:
+                    error = (error + "; " if error else "") + "; ".join(heal_errors)
+    except (KeyboardInterrupt, RunInterrupted) as exc:
+        interrupted = exc
+        error = f"interrupted ({exc or 'SIGINT'})"
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    finally:
+        nemesis.heal_all()
+        journal.close()
+        if proxy_client is not None:
+            proxy_client.close()
+
+    if error is None:
+        say("quiesce")
+        leaks_cfg = scenario.checks.leaks
+        if leaks_cfg is not None:
+            sources = settings.leak_sources
+            if leaks_cfg.sources is not None:
+                wanted = set(leaks_cfg.sources)
+                sources = [s for s in sources if s.name in wanted]
+            samples, errs, waited = poll_until_quiet(sources, leaks_cfg.quiesce_s, leaks_cfg.poll_interval_s,
+                                                     history.now)
+            snapshots.leak_sources = [s.name for s in sources]
+            snapshots.leak_samples, snapshots.leak_errors, snapshots.quiesce_waited_s = samples, errs, waited
+        for e in stack.exits[exits_before:] + [x for x in stack.unexpected_exits() if x not in stack.exits[:exits_before]]:
+            snap = SnapshotExit(service=e.service, time=max(0.0, e.time - started), returncode=e.returncode,
+                                killed_by_fault=e.expected)
+            if snap not in snapshots.service_exits:
+                snapshots.service_exits.append(snap)
+        if scenario.checks.recompute_equivalence is not None:
+            say("recompute oracle")
+            try:
+                oracle = RecomputeOracle(settings.recompute_url)
+                snapshots.expected = oracle.expected_for(history.ops)
+                oracle_info = {"fingerprint": oracle.fingerprint, "stored": oracle.hits, "asked": oracle.misses}
+                oracle.close()
+            except OracleError as exc:
+                oracle_info = {"error": str(exc)}
+        say("checks")
+        checks = run_checks(history.ops, snapshots,
+                            {name: getattr(scenario.checks, name) for name in scenario.checks.enabled()})
+    history.close()
+    durations = {"total_s": time.monotonic() - t0}
+    result = build_result(
+        run_id=run_id, scenario=scenario.name, history=history.ops, checks=checks, seed=scenario.seed,
+        description=scenario.description, scenario_path=str(scenario.source) if scenario.source else None,
+        stack=str(stack.spec.path), started_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        deadline_s=deadline, xfail=scenario.xfail, durations=durations,
+        service_exits=snapshots.service_exits, engine_bugs=scenario.engine.bugs, error=error)
+    try:
+        stack.collect_logs(run_dir / "logs")
+    except OSError as exc:  # a missing log must not lose the report
+        say(f"could not collect logs: {exc}")
+    write_report(run_dir, result, history.ops)
+    (run_dir / "snapshots.json").write_text(snapshots.model_dump_json(indent=2))
+    if oracle_info:
+        (run_dir / "oracle.json").write_text(json.dumps(oracle_info, indent=2))
+    if interrupted is not None:
+        raise interrupted
+    return result

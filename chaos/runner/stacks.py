@@ -1,0 +1,152 @@
+"""Stacks shared by the scenarios of a suite: one per stack file (and backend), reused.
+
+Starting the reference stack costs tens of seconds (two engines load a model, LMCache starts);
+a suite reuses it, and between scenarios puts it back to a known state so that no scenario
+sees another's cache or faults:
+
+1. services a fault stopped are started again, paused ones resumed;
+2. the proxy is reset (Toxiproxy ``POST /reset``: every toxic removed, every proxy enabled) and
+   the links are created again;
+3. LMCache's L1 is cleared (``POST /cache/clear`` of the MP server's HTTP API), the Redis L2
+   flushed (``FLUSHALL``) and the filesystem L2 emptied;
+4. the engine's local prefix cache is reset (``POST /reset_prefix_cache``, vLLM's route).
+
+A scenario that plants engine bugs (``engine.bugs``) gets the engine service restarted with
+``KVCHAOS_ENGINE_BUGS`` set; the rest of the stack stays up.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from chaos.stack.base import Stack, StackError, new_run_id
+
+BUGS_VARIABLE = "KVCHAOS_ENGINE_BUGS"
+
+
+def make_stack(stack_file: Path, backend: str, run_dir: Path, environ: dict[str, str] | None = None) -> Stack:
+    """A (not yet started) stack of ``backend`` ("local" or "compose") for ``stack_file``.
+
+    Raises:
+        ConfigError: the stack file is invalid; ValueError: unknown backend.
+    """
+    if backend == "local":
+        from chaos.stack.local import LocalStack
+
+        return LocalStack(stack_file, run_dir=run_dir, environ=environ)
+    if backend == "compose":
+        from chaos.stack.compose import ComposeStack
+
+        return ComposeStack(stack_file, run_dir=run_dir, environ=environ)
+    raise ValueError(f"unknown backend {backend!r} (use local or compose)")
+
+
+def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> None:
+    """Put a running stack back to a clean state between scenarios (see the module doc).
+
+    Raises:
+        StackError: a service could not be started again, or an API of the stack failed.
+    """
+    for name, st in stack.status().items():
+        if st.state == "paused":
+            stack.resume(name)
+        elif st.state in ("exited", "not-started"):
+            say(f"restarting {name}")
+            stack.start(name)
+    s = stack.settings
+    try:
+        with httpx.Client(timeout=10) as http:
+            if s.proxy is not None:
+                from chaos.proxy.client import ToxiproxyClient
+
+                with ToxiproxyClient(s.proxy.api) as proxy:
+                    proxy.reset()
+                stack.populate_links()
+            if s.lmcache_http:
+                http.post(f"{s.lmcache_http}/cache/clear").raise_for_status()
+            if s.engine_url:
+                r = http.post(f"{s.engine_url}/reset_prefix_cache")
+                if r.status_code != 404:  # an engine without a local prefix cache has no route
+                    r.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise StackError(f"could not reset the stack between scenarios: {exc}") from exc
+    if s.redis is not None:
+        import redis
+
+        try:
+            redis.Redis.from_url(s.redis.url, socket_timeout=10).flushall()
+        except redis.RedisError as exc:
+            raise StackError(f"could not flush the Redis L2 at {s.redis.url}: {exc}", s.redis.service) from exc
+    if s.l2_fs_path and Path(s.l2_fs_path).is_dir():
+        for child in Path(s.l2_fs_path).iterdir():
+            if child.is_dir() and not child.is_mount():
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.is_file():
+                child.unlink(missing_ok=True)
+
+
+class StackPool:
+    """Stacks of a suite, keyed by stack file; started on first use, reset on reuse.
+
+    Args:
+        backend: "local" or "compose".
+        root: folder for the stacks' run dirs (logs, L2 files).
+        keep: leave the stacks running at :meth:`close` (``--keep-stack``).
+    """
+
+    def __init__(self, backend: str, root: Path, keep: bool = False) -> None:
+        self.backend = backend
+        self.root = Path(root)
+        self.keep = keep
+        self._stacks: dict[Path, Stack] = {}
+        self._bugs: dict[Path, tuple[str, ...]] = {}
+        self._used: set[Path] = set()
+
+    def acquire(self, stack_file: Path, bugs: list[str] | tuple[str, ...] = (),
+                say: Callable[[str], None] = lambda _m: None) -> Stack:
+        """The running stack for ``stack_file`` with the engine carrying ``bugs``, clean.
+
+        Raises:
+            ConfigError: invalid stack file; StackError: it did not start or reset.
+        """
+        key = Path(stack_file).resolve()
+        bugs = tuple(sorted(bugs))
+        stack = self._stacks.get(key)
+        if stack is None:
+            run_dir = self.root / new_run_id(key.stem)
+            environ = None
+            if bugs:
+                import os
+
+                environ = dict(os.environ, **{BUGS_VARIABLE: ",".join(bugs)})
+            stack = make_stack(key, self.backend, run_dir, environ)
+            say(f"starting stack {key.name} ({self.backend})")
+            self._stacks[key] = stack
+            self._bugs[key] = bugs
+            stack.up()
+            self._used.add(key)
+            return stack
+        if self._bugs[key] != bugs:
+            engine = stack.settings.engine
+            if engine is None:
+                raise StackError(f"{key}: the scenario plants engine bugs but x-kvchaos names no engine")
+            say(f"restarting {engine} with bugs {list(bugs) or 'none'}")
+            stack.reconfigure({BUGS_VARIABLE: ",".join(bugs)}, restart=[engine])
+            self._bugs[key] = bugs
+        if key in self._used:
+            say("resetting the stack")
+            reset_stack(stack, say)
+        self._used.add(key)
+        return stack
+
+    def close(self) -> None:
+        """Bring every stack down (unless ``keep``)."""
+        if self.keep:
+            return
+        for stack in self._stacks.values():
+            stack.down()
+        self._stacks.clear()

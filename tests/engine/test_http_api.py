@@ -1,0 +1,138 @@
+"""The HTTP contract (docs/architecture.md §2): completions, stream, errors, metrics, hooks."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from engine_procs import Engine, ids, random_prompt, stats
+
+pytestmark = pytest.mark.slow
+
+VLLM_METRICS = [
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
+    "vllm:kv_cache_usage_perc", "vllm:request_success_total",
+    "kvchaos_engine_lookup_timeouts_total", "kvchaos_engine_load_failures_total",
+    "kvchaos_engine_aborts_total",
+]
+
+
+def assert_vllm_error(resp, code: int = 400) -> dict:
+    assert resp.status_code == code, resp.text
+    body = resp.json()
+    assert body["object"] == "error" and body["code"] == code
+    assert body["type"] == ("BadRequestError" if code == 400 else "InternalServerError")
+    assert body["message"]
+    return body
+
+
+def test_text_prompt_and_response_shape(twin: Engine) -> None:
+    r = twin.complete("Hello, kvchaos!", 5, logprobs=2)
+    c = r["choices"][0]
+    assert r["object"] == "text_completion" and r["id"].startswith("cmpl-")
+    assert c["prompt_token_ids"] == list("Hello, kvchaos!".encode())
+    assert 1 <= len(c["token_ids"]) <= 5 and c["finish_reason"] in ("length", "stop")
+    assert len(c["logprobs"]["token_logprobs"]) == len(c["token_ids"])
+    assert all(len(t) == 2 for t in c["logprobs"]["top_logprobs"])
+    u = r["usage"]
+    assert u["prompt_tokens"] == 15 and u["total_tokens"] == 15 + len(c["token_ids"])
+    assert u["prompt_tokens_details"]["cached_tokens"] == 0
+    assert stats(r) == {"local_cache_hit_tokens": 0, "external_cache_hit_tokens": 0,
+                        "lookup": "disabled", "load_failed_tokens": 0, "num_preemptions": 0}
+
+
+def test_request_id_header(twin: Engine) -> None:
+    r = twin.client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1},
+                         headers={"X-Request-Id": "my-id-1"})
+    assert r.json()["id"] == "cmpl-my-id-1"
+
+
+def test_stream_equals_non_stream(twin: Engine) -> None:
+    p = random_prompt(77, 300)
+    whole = twin.complete(p, 10, ignore_eos=True)
+    events = []
+    with twin.client.stream("POST", "/v1/completions",
+                            json={"prompt": p, "max_tokens": 10, "stream": True,
+                                  "ignore_eos": True}) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    streamed = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert streamed == ids(whole)
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == 10
+    assert "cached_token_stats" in last["kv_transfer_params"]
+
+
+@pytest.mark.parametrize("payload,param", [
+    ('{"prompt": [1, 2', None),
+    ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
+    ({"prompt": [1, 2], "max_tokens": -3}, "max_tokens"),
+    ({"prompt": [1, 2], "max_tokens": 4, "frobnicate": True}, "frobnicate"),
+    ({"prompt": [], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, 99999], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, 2], "max_tokens": 4, "temperature": 0.7}, "temperature"),
+    ({"max_tokens": 4}, "prompt"),
+    ({"prompt": [5] * 40000, "max_tokens": 4}, "prompt"),
+])
+def test_bad_requests_get_400_and_engine_keeps_serving(twin: Engine, payload, param) -> None:
+    if isinstance(payload, str):
+        r = twin.client.post("/v1/completions", content=payload,
+                             headers={"content-type": "application/json"})
+    else:
+        r = twin.client.post("/v1/completions", json=payload)
+    body = assert_vllm_error(r, 400)
+    if param:
+        assert param in (body["param"] or "") or param in body["message"]
+    assert twin.client.get("/health").status_code == 200
+    assert len(ids(twin.complete([1, 2, 3], 2))) >= 1
+
+
+def test_metrics_use_vllm_names(twin: Engine) -> None:
+    twin.complete([7] * 40, 2)
+    text = twin.client.get("/metrics").text
+    for name in VLLM_METRICS:
+        assert f"\n{name}" in "\n" + text, name
+    assert twin.metric("vllm:request_success_total") >= 1
+    assert twin.metric("vllm:prefix_cache_queries_total") >= 40
+
+
+def test_models_and_debug_state(twin: Engine) -> None:
+    m = twin.client.get("/v1/models").json()["data"][0]
+    state = twin.state()
+    assert m["id"] == "kvchaos-ref" and m["fingerprint"] == state["fingerprint"]
+    for key in ("blocks_total", "blocks_free", "blocks_held_by_requests",
+                "prefix_cache_blocks", "num_open_sessions", "open_sessions",
+                "num_pending_lookups", "pending_lookups", "requests", "num_running",
+                "num_waiting", "bugs"):
+        assert key in state, key
+    assert state["bugs"] == [] and state["blocks_held_by_requests"] == 0
+
+
+def test_hook_preempt_running_request(twin: Engine) -> None:
+    p = random_prompt(88, 400)
+    ref = ids(twin.complete(p, 300, ignore_eos=True))
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(
+        twin.complete(p, 300, ignore_eos=True)))
+    t.start()
+    preempted: list = []
+    deadline = time.monotonic() + 30
+    while not preempted and time.monotonic() < deadline and t.is_alive():
+        preempted = twin.client.post("/hooks/preempt", json={"request_id": "newest"}
+                                     ).json()["preempted"]
+        time.sleep(0.05)
+    t.join(timeout=120)
+    assert preempted, "the request finished before it could be preempted"
+    assert stats(result)["num_preemptions"] >= 1
+    assert ids(result) == ref
+    assert twin.client.post("/hooks/preempt", json={"request_id": "nobody"}
+                            ).json() == {"preempted": []}

@@ -1,0 +1,160 @@
+"""Network faults against the real fault proxy (chaos.proxy) and a TCP echo upstream."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from chaos.faults.base import FaultContext
+from chaos.faults.registry import build_fault, get
+from chaos.scenario.model import Scenario
+
+LINK = "engine-lmcache"
+
+EXAMPLES = {
+    "latency": ({"latency_ms": 200, "jitter_ms": 0}, {"latency": 200, "jitter": 0}),
+    "timeout": ({"timeout_ms": 0}, {"timeout": 0}),
+    "reset_peer": ({"timeout_ms": 10}, {"timeout": 10}),
+    "limit_data": ({"bytes": 4}, {"bytes": 4}),
+    "slicer": ({"average_size": 8, "size_variation": 2, "delay_us": 10},
+               {"average_size": 8, "size_variation": 2, "delay": 10}),
+    "bandwidth": ({"rate_kbps": 1}, {"rate": 1}),
+}
+
+
+def _fault(kind: str, **fields):
+    """Validate through the scenario model, as a YAML fault would be."""
+    item = {"kind": kind, "link": LINK, "duration": 5, **fields}
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
+         "checks": {"evidence": {}}},
+        context={"check_paths": False},
+    )
+    return build_fault(s.phases[0].faults[0])
+
+
+@pytest.fixture
+def link(proxy, echo):
+    created = proxy.create_proxy(LINK, "127.0.0.1:0", echo.address)
+    return created.listen
+
+
+def _roundtrip(listen: str, payload: bytes = b"ping", timeout: float = 5.0) -> tuple[bytes, float]:
+    host, port = listen.rsplit(":", 1)
+    t0 = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(payload)
+        got = b""
+        try:
+            while len(got) < len(payload):
+                data = s.recv(65536)
+                if not data:
+                    break
+                got += data
+        except (ConnectionResetError, socket.timeout):
+            pass
+    return got, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+def test_each_toxic_kind_round_trips_through_the_proxy(proxy, link, kind):
+    fields, attributes = EXAMPLES[kind]
+    fault = _fault(kind, **fields, stream="upstream", toxicity=0.5)
+    ctx = FaultContext(proxy=proxy)
+    applied = fault.apply(ctx)
+    assert applied["toxic"] == f"{kind}-0" and applied["type"] == kind
+    (toxic,) = proxy.toxics(LINK)
+    assert (toxic.name, toxic.type, toxic.stream, toxic.toxicity) == (f"{kind}-0", kind, "upstream", 0.5)
+    assert toxic.attributes == attributes
+    assert fault.heal(ctx)["removed"] is True
+    assert proxy.toxics(LINK) == []
+    assert fault.heal(ctx) == {"link": LINK, "toxic": f"{kind}-0", "removed": False, "absent": True}
+
+
+def test_latency_bites_and_says_so(proxy, link):
+    fault = _fault("latency", latency_ms=300)
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    assert fault.evidence(ctx)["bit"] is False  # no connection yet
+    got, took = _roundtrip(link)
+    assert got == b"ping" and took >= 0.29
+    ev = fault.evidence(ctx)
+    assert ev == {"bit": True, "acted_on": 1}
+    fault.heal(ctx)
+    assert fault.evidence(ctx)["bit"] is True  # still known after heal
+    got, took = _roundtrip(link)
+    assert got == b"ping" and took < 0.25
+
+
+def test_toxicity_zero_never_bites(proxy, link):
+    fault = _fault("timeout", timeout_ms=0, toxicity=0.0)
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    assert _roundtrip(link)[0] == b"ping"
+    fault.heal(ctx)
+    assert fault.evidence(ctx) == {"bit": False, "acted_on": 0}
+
+
+def test_counts_from_an_earlier_toxic_of_the_same_name_do_not_count(proxy, link):
+    ctx = FaultContext(proxy=proxy)
+    first = _fault("latency", latency_ms=1)
+    first.apply(ctx)
+    _roundtrip(link)
+    first.heal(ctx)
+    second = _fault("latency", latency_ms=1)  # same default name, latency-0
+    second.apply(ctx)
+    second.heal(ctx)
+    assert first.evidence(ctx)["bit"] is True
+    assert second.evidence(ctx) == {"bit": False, "acted_on": 0}
+
+
+def test_link_down_refuses_then_heals(proxy, link):
+    fault = _fault("link_down")
+    ctx = FaultContext(proxy=proxy)
+    assert fault.apply(ctx) == {"link": LINK, "enabled": False}
+    with pytest.raises(OSError):
+        _roundtrip(link, timeout=1)
+    assert fault.heal(ctx) == {"link": LINK, "enabled": True}
+    assert _roundtrip(link)[0] == b"ping"
+    assert fault.evidence(ctx) == {"bit": True, "disabled": True}
+
+
+def test_no_proxy_is_a_clear_error():
+    fault = _fault("latency", latency_ms=1)
+    with pytest.raises(RuntimeError, match="need the stack's proxy"):
+        fault.apply(FaultContext(proxy=None))
+
+
+def test_unknown_link_on_the_proxy_is_raised(proxy):
+    fault = _fault("latency", latency_ms=1)
+    with pytest.raises(Exception, match="404"):
+        fault.apply(FaultContext(proxy=proxy))
+
+
+class _NoCounters:
+    """A proxy API without per-toxic counters (like the real Toxiproxy)."""
+
+    def add_toxic(self, *a, **k):
+        return {"name": k["name"]}
+
+    def remove_toxic(self, *a):
+        return None
+
+    def metrics_text(self):
+        return "# HELP toxiproxy_proxy_connections_total x\n"
+
+
+def test_no_counters_means_no_evidence():
+    fault = _fault("latency", latency_ms=1)
+    ctx = FaultContext(proxy=_NoCounters())
+    fault.apply(ctx)
+    fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is False and ev["acted_on"] is None and "no toxic counters" in ev["reason"]
+
+
+def test_get_kind_classes_have_params_models():
+    for kind in list(EXAMPLES) + ["link_down"]:
+        assert get(kind).params_model.model_fields["kind"].annotation.__args__ == (kind,)

@@ -1,0 +1,65 @@
+import re
+from html.parser import HTMLParser
+
+from chaos.report.html import render_html
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def _parse(html):
+    p = _Collect()
+    p.feed(html)
+    return p.tags
+
+
+def test_html_has_timeline_checks_stats_and_links(run_dir, synthetic):
+    ops, _, result = synthetic
+    html = (run_dir / "report.html").read_text()
+    tags = _parse(html)
+    classes = [a.get("class", "") for _, a in tags]
+    assert any(c == "phase" for c in classes) and sum(c == "phase-boundary" for c in classes) == 3
+    assert sum(c == "fault-band" for c in classes) == 2 and sum(c == "fault" for c in classes) == 2
+    bars = [a for t, a in tags if t == "rect" and "bar" in a.get("class", "").split()]
+    assert len(bars) == result.stats.requests
+    planted = result.checks[0].details["mismatches"][0]["request_id"]
+    wrong = [a for a in bars if "wrong" in a["class"].split()]
+    assert [a["data-request-id"] for a in wrong] == [planted]
+    failed = [a for a in bars if "failedreq" in a["class"].split()]
+    assert [a["data-request-id"] for a in failed] == ["w-40"]
+    assert {a["data-class"] for a in bars} >= {"cold_miss", "lmcache_hit_partial", "lookup_timeout", "failed", "aborted"}
+    assert any(c == "service-exit" for c in classes)
+    assert 'id="checks"' in html and 'id="stats"' in html and "token_hit_rate" in html
+    hrefs = [a["href"] for t, a in tags if t == "a"]
+    assert "logs/engine.log" in hrefs and "logs/lmcache.log" in hrefs and "history.jsonl" in hrefs
+
+
+def test_html_is_self_contained(run_dir):
+    html = (run_dir / "report.html").read_text()
+    assert not re.search(r"""(src|href)=["'](https?:)?//""", html)
+    assert "<link" not in html and "@import" not in html
+    assert "<script src" not in html
+
+
+def test_overlapping_requests_of_one_process_get_separate_lanes(synthetic):
+    _, _, result = synthetic
+    ops = []
+    for i, (t0, t1) in enumerate([(0, 4), (1, 2), (5, 6)]):
+        ops.append({"index": 2 * i, "time": t0, "process": "client-0", "type": "invoke", "f": "complete",
+                    "phase": "warm", "request_id": f"r{i}", "value": {"prompt_token_ids": [1, 2]}})
+        ops.append({"index": 2 * i + 1, "time": t1, "process": "client-0", "type": "ok", "f": "complete",
+                    "phase": "warm", "request_id": f"r{i}", "value": {"token_ids": [3]}})
+    ys = {a["data-request-id"]: float(a["y"]) for t, a in _parse(render_html(result, ops)) if "data-request-id" in a}
+    assert ys["r0"] == ys["r2"] != ys["r1"]
+
+
+def test_html_escapes_text(synthetic):
+    ops, _, result = synthetic
+    result = result.model_copy(update={"description": "<script>alert(1)</script>"})
+    assert "<script>alert(1)" not in render_html(result, ops)

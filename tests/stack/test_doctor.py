@@ -1,0 +1,38 @@
+"""`kvchaos doctor` reports every optional part with a status and, when missing, a fix."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from chaos.doctor import Finding, check_redis, run_checks
+
+PARTS = ["torch", "transformers", "lmcache", "lmcache server", "redis-server", "docker engine",
+         "docker compose", "tmpfs mount"]
+
+
+def test_doctor_command_lists_every_part():
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("│")}
+    assert set(PARTS) <= set(rows), r.stdout
+    for part in PARTS:
+        assert (" ok " in rows[part]) or ("MISSING" in rows[part]), rows[part]
+
+
+def test_every_missing_part_says_what_to_do():
+    findings = run_checks()
+    assert [f.name for f in findings] == PARTS
+    for f in findings:
+        assert isinstance(f, Finding)
+        if not f.ok:
+            assert f.fix, f"{f.name} is missing but doctor gives no fix"
+
+
+def test_redis_finding_matches_the_machine(monkeypatch):
+    f = check_redis()
+    assert f.ok == (shutil.which("redis-server") is not None)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    f = check_redis()
+    assert not f.ok and "apt-get install redis-server" in f.fix
