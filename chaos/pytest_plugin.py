@@ -1,0 +1,167 @@
+"""pytest plugin: scenario YAML files as test items (``pytest -m chaos``).
+
+Follows pytest's documented pattern for non-Python tests ("Working with non-python tests":
+``pytest_collect_file`` returning a ``pytest.File`` whose items implement ``runtest`` and
+``repr_failure``), so each scenario gets a node id, ``-k`` selection, ``--junitxml`` and the
+``chaos`` marker. The plugin is thin: items call the same runner as ``kvchaos run``.
+
+- Scenario files are collected from ``--kvchaos-scenarios`` (default ``scenarios/``; the ini
+  option ``kvchaos_scenarios`` too).
+- Every scenario item is marked ``chaos`` and ``slow``. Unless the ``-m`` expression names
+  ``chaos``, they are deselected: plain ``pytest`` never starts a stack.
+- One stack per stack file per session, reset between scenarios, down at session end.
+- A failed check shows as its one-line explanation (request id, first differing token,
+  expected vs actual), with the report path; no traceback.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.yamlsource import ConfigError
+
+_POOL_KEY = pytest.StashKey["object"]()
+_TIMES_KEY = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvchaos", "kvchaos chaos scenarios")
+    group.addoption("--kvchaos-scenarios", action="store", default=None,
+                    help="file or folder of scenario YAML files (default: scenarios/, ini kvchaos_scenarios)")
+    group.addoption("--kvchaos-backend", action="store", default=None,
+                    help="local (default) or compose; env KVCHAOS_BACKEND")
+    group.addoption("--kvchaos-report-dir", action="store", default="reports",
+                    help="parent folder of run reports (default reports/)")
+    parser.addini("kvchaos_scenarios", "file or folder of scenario YAML files", default="scenarios")
+
+
+def _scenario_root(config: pytest.Config) -> Path:
+    opt = config.getoption("--kvchaos-scenarios") or config.getini("kvchaos_scenarios")
+    return (Path(config.rootpath) / opt).resolve()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "chaos: a chaos scenario run against a real stack (pytest -m chaos)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds or starts a real stack")
+    config.stash[_TIMES_KEY] = []
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    root = _scenario_root(parent.config)
+    try:
+        file_path.resolve().relative_to(root)
+    except ValueError:
+        if file_path.resolve() != root:
+            return None
+    return ScenarioFile.from_parent(parent, path=file_path)
+
+
+def _wants_chaos(config: pytest.Config) -> bool:
+    expr = config.getoption("markexpr", "") or ""
+    return "chaos" in expr and "not chaos" not in expr
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _wants_chaos(config):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if isinstance(item, ScenarioItem) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+class ScenarioFile(pytest.File):
+    """A scenario YAML file: one item."""
+
+    def collect(self):
+        from chaos.runner.suite import load_and_validate
+
+        try:
+            scenario = load_and_validate([self.path])[0]
+        except ConfigError as exc:
+            raise self.CollectError(str(exc)) from None
+        item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)
+        item.add_marker(pytest.mark.chaos)
+        item.add_marker(pytest.mark.slow)
+        if scenario.xfail is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"{scenario.xfail.reason} ({scenario.xfail.upstream or ''})",
+                                              strict=False))
+        yield item
+
+
+class ScenarioFailure(Exception):
+    """A scenario whose checks failed, were inconclusive, or could not run."""
+
+
+class ScenarioItem(pytest.Item):
+    """One scenario run."""
+
+    def __init__(self, *, scenario, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scenario = scenario
+
+    def _pool(self):
+        config = self.config
+        pool = config.stash.get(_POOL_KEY, None)
+        if pool is None:
+            import os
+
+            from chaos.runner.stacks import StackPool
+            from chaos.stack.base import new_run_id
+
+            backend = config.getoption("--kvchaos-backend") or os.environ.get("KVCHAOS_BACKEND") or "local"
+            report_dir = Path(config.getoption("--kvchaos-report-dir"))
+            pool = StackPool(backend, report_dir / new_run_id("pytest-stacks"))
+            config.stash[_POOL_KEY] = pool
+            config.add_cleanup(pool.close)
+        return pool
+
+    def runtest(self) -> None:
+        from chaos.runner.suite import infra_error_result
+        from chaos.runner.run import run_scenario
+        from chaos.stack.base import StackError, new_run_id
+
+        report_dir = Path(self.config.getoption("--kvchaos-report-dir"))
+        run_id = new_run_id(self.scenario.name)
+        run_dir = report_dir / run_id
+        t0 = time.monotonic()
+        try:
+            stack = self._pool().acquire(Path(self.scenario.stack), self.scenario.engine.bugs)
+        except (StackError, ConfigError) as exc:
+            result = infra_error_result(self.scenario, run_id, run_dir, f"stack: {exc}")
+        else:
+            result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600)
+        elapsed = time.monotonic() - t0
+        self.config.stash[_TIMES_KEY].append((self.scenario.name, elapsed, result.verdict))
+        self.user_properties.append(("report", str(run_dir / "report.html")))
+        if result.error:
+            raise ScenarioFailure(f"could not run: {result.error.splitlines()[0]}\nreport: {run_dir}/report.html")
+        if result.verdict != "passed":
+            lines = [f"{c.name} {c.verdict}: {c.summary}" for c in result.checks if c.verdict != "passed"]
+            lines.append(f"report: {run_dir}/report.html")
+            raise ScenarioFailure("\n".join(lines))
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, ScenarioFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, 0, f"scenario: {self.name}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    times = config.stash.get(_TIMES_KEY, [])
+    if not times:
+        return
+    terminalreporter.section("kvchaos scenario times")
+    for name, seconds, verdict in times:
+        terminalreporter.write_line(f"{seconds:7.1f}s  {verdict:8s}  {name}")
+    terminalreporter.write_line(f"{sum(s for _, s, _ in times):7.1f}s  total")

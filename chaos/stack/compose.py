@@ -15,6 +15,14 @@ Since every service uses ``network_mode: host`` and the ports come from the same
 addresses in ``settings`` are the same as under LocalStack. Paths under ``${KVCHAOS_RUN_DIR}``
 are the same inside and outside the containers: the run dir is bind-mounted at its own path.
 
+Health: a ``kvchaos probe URL`` health check of a host-network service is run by kvchaos from
+the host (the same network namespace, so the same URL), as LocalStack does: the image need not
+contain kvchaos (the real Toxiproxy image has no shell), and no Python process is spawned in a
+container every interval. Such services get ``healthcheck: disable`` in the resolved file; other
+health checks (``redis-cli ping``) run in the container and kvchaos reads Docker's health status.
+kvchaos orders the start itself (``depends_on`` conditions, proxy links before dependants), so
+the resolved file's ``depends_on`` is the plain list form.
+
 Images: a service with ``build:`` gets the image name ``image:`` gives (or
 ``kvchaos-local/<stack>-<service>:latest``); when that image is missing, :func:`build_image`
 builds it from a filtered build context (no ``.git``, ``.venv``, caches: the legacy builder
@@ -50,6 +58,7 @@ from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_
 from chaos.stack.environment import TELEMETRY_OFF
 from chaos.stack.interpolate import interpolate_data
 from chaos.stack.local import signal_number
+from chaos.stack.probe import probe, probe_url_of
 from chaos.stack.spec import HealthCheck, StackSpec, load_stack
 from chaos.yamlsource import load_yaml
 
@@ -160,17 +169,30 @@ def default_image_name(stack_path: Path, service: str) -> str:
     return f"kvchaos-local/{stem}-{service.lower()}:latest"
 
 
+def host_probe_url(spec: StackSpec, service: str) -> str | None:
+    """The URL kvchaos probes from the host for ``service``: its health check is
+    ``kvchaos probe URL`` and it uses ``network_mode: host``; else None (Docker runs the check)."""
+    svc = spec.services[service]
+    argv = svc.healthcheck.argv() if svc.healthcheck is not None else None
+    if not argv or svc.network_mode != "host":
+        return None
+    return probe_url_of(argv)
+
+
 def resolved_compose(spec: StackSpec, run_id: str, run_dir: Path) -> dict[str, Any]:
     """The compose document ComposeStack runs: the stack file with every variable replaced by
     the value ``spec.env`` holds (so the ports are the ones LocalStack would use), plus, per
     service: kvchaos labels, the telemetry-off environment, the run dir bind-mounted at its own
-    path, explicit health-check timings and an image name for ``build:`` services.
+    path, explicit health-check timings (or none, for checks kvchaos runs from the host, see
+    :func:`host_probe_url`), ``depends_on`` as a plain list and an image name for ``build:``
+    services. The top-level ``name`` goes (compose v1 rejects it; ``-p`` names the project).
 
     Returns:
         A dict ready for ``yaml.safe_dump``; ``$`` in values is escaped as ``$$``.
     """
     raw, _ = load_yaml(spec.path)
     doc = interpolate_data(raw, spec.env)
+    doc.pop("name", None)
     services: dict[str, Any] = doc["services"]
     stack_path = Path(spec.path).resolve()
     for name, svc in spec.services.items():
@@ -186,8 +208,12 @@ def resolved_compose(spec: StackSpec, run_id: str, run_dir: Path) -> dict[str, A
         if not any(isinstance(v, str) and v.split(":")[0] == str(run_dir) for v in volumes):
             volumes.append(mount)
         out["volumes"] = volumes
-        if svc.healthcheck is not None:
+        if host_probe_url(spec, name) is not None:
+            out["healthcheck"] = {"disable": True}
+        elif svc.healthcheck is not None:
             out["healthcheck"] = _healthcheck(svc.healthcheck)
+        if svc.depends_on:
+            out["depends_on"] = sorted(svc.dependencies())
         if svc.build is not None and not svc.image:
             out["image"] = default_image_name(stack_path, name)
     return _escape_dollars(doc)
@@ -405,6 +431,8 @@ class ComposeStack(Stack):
         self._expected: set[tuple[str, str]] = set()
         self._recorded: set[tuple[str, str]] = set()
         self._paused: set[str] = set()
+        # Services whose host-side probe passed since they last started (see host_probe_url).
+        self._healthy: set[str] = set()
 
     # --- compose CLI ---------------------------------------------------------------------
     def _compose(self, *args: str, timeout_s: float = 600.0, check: bool = True) -> subprocess.CompletedProcess:
@@ -566,6 +594,10 @@ class ComposeStack(Stack):
         if state.get("Status") in ("exited", "dead") or (not state.get("Running") and state.get("Status") != "created"):
             raise StackError(f"service {service!r} exited (code {state.get('ExitCode')}) before it became healthy",
                              service, self._log_tail(service))
+        url = host_probe_url(self.spec, service)
+        if url is not None:
+            hc = self.spec.services[service].healthcheck
+            return state.get("Status") == "running" and probe(url, timeout_s=hc.timeout)[0]
         health = state.get("Health")
         if health is None:
             return bool(state.get("Running"))
@@ -588,6 +620,8 @@ class ComposeStack(Stack):
         if not retrying(self._health, service):
             raise StackError(f"service {service!r} not healthy after {deadline:.0f}s "
                              f"(health check {hc.test if hc else None})", service, self._log_tail(service))
+        with self._lock:
+            self._healthy.add(service)
 
     def status(self) -> dict[str, ServiceStatus]:
         """State of each service's container; records exits it notices (see :attr:`exits`)."""
@@ -611,6 +645,8 @@ class ComposeStack(Stack):
                     self._recorded.add(key)
                     self.exits.append(ServiceExit(name, time.time(), rc, key in self._expected))
                 health = (st.get("Health") or {}).get("Status")
+                if host_probe_url(self.spec, name) is not None:
+                    health = "healthy" if name in self._healthy else "starting"
                 healthy = (health == "healthy" if health else state == "running") if state == "running" else False
                 out[name] = ServiceStatus(name, state, st.get("Pid") or None, healthy, rc,
                                           {"container": c.name, "id": c.short_id, "image": c.attrs.get(
@@ -632,6 +668,7 @@ class ComposeStack(Stack):
         c.reload()
         with self._lock:
             self._expected.add(self._run_key(c))
+            self._healthy.discard(service)
         if c.status == "paused" and name not in ("SIGKILL", "SIGSTOP", "SIGCONT"):
             c.unpause()
             self._paused.discard(service)
@@ -656,6 +693,7 @@ class ComposeStack(Stack):
         c.reload()
         with self._lock:
             self._expected.add(self._run_key(c))
+            self._healthy.discard(service)
         if c.status == "paused":
             c.unpause()
         self._paused.discard(service)
@@ -669,6 +707,8 @@ class ComposeStack(Stack):
         if service not in self.spec.services:
             raise StackError(f"unknown service {service!r}", service)
         found = self._containers(service)
+        with self._lock:
+            self._healthy.discard(service)
         if found:
             c = max(found, key=lambda c: c.attrs.get("Created", ""))
             if c.status == "running":
