@@ -154,7 +154,7 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client: CompletionClient,
+async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client: CompletionClient | None,
                      deadline_s: float | None) -> None:
     """One phase: the workload and the phase's faults on one clock."""
     loop_t0 = time.monotonic()
@@ -174,6 +174,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     tasks = [asyncio.create_task(fault_timeline(f)) for f in faults]
     try:
         if conversations:
+            assert client is not None  # load_and_validate: a stack without engine_url sends nothing
             await run_conversations(client, conversations, phase=phase.name,
                                     concurrency=scenario.workload.concurrency, deadline_s=deadline_s)
         if tasks:
@@ -235,11 +236,15 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
     try:
         with sigterm_as_interrupt():
             async def phases() -> None:
-                async with CompletionClient(settings.engine_url, history=history) as client:
+                client = CompletionClient(settings.engine_url, history=history) if settings.engine_url else None
+                try:
                     for phase in scenario.phases:
                         say(f"phase {phase.name}")
                         ctx.phase = phase.name
                         await _run_phase(scenario, phase, nemesis, client, deadline)
+                finally:
+                    if client is not None:
+                        await client.aclose()
 
             async def bounded() -> None:
                 if timeout_s is None:

@@ -55,15 +55,25 @@ def load_and_validate(paths: list[Path]) -> list[Scenario]:
         ConfigError: the first invalid file, with every problem of it listed.
     """
     scenarios = []
-    stacks: dict[Path, tuple[set[str], set[str]]] = {}
+    stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None]]] = {}
     for path in paths:
         scenario = load_scenario(path)
         key = Path(scenario.stack).resolve()
         if key not in stacks:
             spec = load_stack(key, allocate_ports=False, run_dir=Path("/nonexistent"))
-            stacks[key] = (set(spec.settings.links), set(spec.services))
-        links, services = stacks[key]
+            urls = {"engine_url": spec.settings.engine_url, "recompute_url": spec.settings.recompute_url}
+            stacks[key] = (set(spec.settings.links), set(spec.services), urls)
+        links, services, urls = stacks[key]
         validate_against_stack(scenario, links, services)
+        file = str(scenario.source)
+        if not urls["engine_url"] and any(scenario.phase_requests(p) for p in scenario.phases):
+            raise ConfigError(file, scenario.locator.line_of(("workload",)) if scenario.locator else None,
+                              "workload", f"the scenario sends requests but its stack {key} names no "
+                              "x-kvchaos.engine_url")
+        if not urls["recompute_url"] and scenario.checks.recompute_equivalence is not None:
+            raise ConfigError(file, scenario.locator.line_of(("checks", "recompute_equivalence"))
+                              if scenario.locator else None, "checks.recompute_equivalence",
+                              f"needs a recompute twin, but the stack {key} names no x-kvchaos.recompute_url")
         scenarios.append(scenario)
     return scenarios
 
@@ -113,7 +123,7 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
             setup_s = time.monotonic() - t0
             result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
                                   progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
-            result.durations.setup_s = setup_s
+            result.durations.stack_up_s = setup_s
             (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
             results.append(result)
     finally:

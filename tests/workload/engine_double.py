@@ -34,7 +34,7 @@ class EngineDouble:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

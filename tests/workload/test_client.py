@@ -41,13 +41,13 @@ def _req(rid: str, stream: bool, **kw) -> CompletionRequest:
 @pytest.mark.parametrize("stream", [False, True])
 def test_ok_request_is_recorded(tmp_path, stream):
     async def body(engine, client, history):
-        engine.stats.update(external_cache_hit_tokens=48, lookup="hit")
+        engine.stats.update(external_cache_hit_tokens=49, lookup="hit")
         return await client.complete(_req("warm-0-0", stream), process="client-3", phase="warm")
 
     out = run(body, tmp_path)
     assert out.type == "ok" and out.token_ids == output_for(PROMPT, 6)
     assert out.finish_reason == "length" and out.usage["completion_tokens"] == 6
-    assert out.cached_token_stats["external_cache_hit_tokens"] == 48
+    assert out.cached_token_stats["external_cache_hit_tokens"] == 49
     ops = load_history(tmp_path / "history.jsonl")
     assert [(o.type, o.f, o.process, o.phase, o.request_id) for o in ops] == [
         ("invoke", "complete", "client-3", "warm", "warm-0-0"),
