@@ -99,14 +99,27 @@ class ToxicFault(Fault):
         # Counters are per toxic name and may survive an earlier run on the same proxy.
         before = self._count(ctx)
         self._baseline = before or 0
-        toxic = client.add_toxic(
-            self.params.link,
-            self.toxic_type,
-            self.attributes(),
-            stream=self.params.stream,
-            toxicity=self.params.toxicity,
-            name=self.id,
-        )
+
+        def add() -> Any:
+            return client.add_toxic(
+                self.params.link,
+                self.toxic_type,
+                self.attributes(),
+                stream=self.params.stream,
+                toxicity=self.params.toxicity,
+                name=self.id,
+            )
+
+        replaced = False
+        try:
+            toxic = add()
+        except Exception as exc:
+            # 409: a toxic of this name outlived an earlier, crashed run; ours replaces it.
+            if getattr(exc, "status", None) != 409:
+                raise
+            client.remove_toxic(self.params.link, self.id)
+            toxic = add()
+            replaced = True
         return {
             "link": self.params.link,
             "toxic": self.id,
@@ -115,6 +128,7 @@ class ToxicFault(Fault):
             "toxicity": self.params.toxicity,
             "attributes": self.attributes(),
             "proxy": jsonable(toxic),
+            "replaced_stale_toxic": replaced,
         }
 
     def heal(self, ctx: FaultContext) -> dict[str, Any]:

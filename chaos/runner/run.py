@@ -137,6 +137,17 @@ class Nemesis:
                 errors.append(f"heal {entry.fault.id}: {exc}")
         return errors
 
+    def cancel_for(self, plan) -> Any:
+        """The Cancel for a request about to start, from the first active fault that has a
+        ``cancel_for(plan, ctx)`` method (the ``cancel`` fault); None when none wants it."""
+        for entry in self.applied:
+            pick = getattr(entry.fault, "cancel_for", None)
+            if pick is not None and not entry.healed:
+                cancel = pick(plan, self.ctx)
+                if cancel is not None:
+                    return cancel
+        return None
+
     def pending(self, phase: str) -> list[AppliedFault]:
         return [e for e in self.applied if e.phase == phase and not e.healed]
 
@@ -176,7 +187,8 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         if conversations:
             assert client is not None  # load_and_validate: a stack without engine_url sends nothing
             await run_conversations(client, conversations, phase=phase.name,
-                                    concurrency=scenario.workload.concurrency, deadline_s=deadline_s)
+                                    concurrency=scenario.workload.concurrency, deadline_s=deadline_s,
+                                    cancel_for=nemesis.cancel_for)
         if tasks:
             await asyncio.gather(*tasks)
         if phase.duration is not None:

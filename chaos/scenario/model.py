@@ -17,7 +17,6 @@ from pydantic import (
     PrivateAttr,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from chaos.faults import registry

@@ -451,10 +451,12 @@ class ComposeStack(Stack):
                              None, "\n".join((r.stdout + r.stderr).splitlines()[-30:]))
         return r
 
-    def write_compose_file(self) -> Path:
-        """Write :func:`resolved_compose` to ``<run_dir>/compose.resolved.yml``; returns its path."""
+    def write_compose_file(self, doc: dict[str, Any] | None = None) -> Path:
+        """Write ``doc`` (default: :func:`resolved_compose` of this stack) to
+        ``<run_dir>/compose.resolved.yml``; returns its path."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        doc = resolved_compose(self.spec, self.run_id, self.run_dir)
+        if doc is None:
+            doc = resolved_compose(self.spec, self.run_id, self.run_dir)
         self.compose_file.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
         return self.compose_file
 
@@ -490,25 +492,37 @@ class ComposeStack(Stack):
         return c.id, c.attrs.get("State", {}).get("StartedAt", "")
 
     # --- images --------------------------------------------------------------------------
-    def ensure_images(self) -> None:
-        """Make sure every service's image is present: build ``build:`` services whose image
-        is missing (when ``build`` is on).
+    def ensure_images(self, doc: dict[str, Any]) -> None:
+        """Make sure every service of the resolved document ``doc`` has its image, changing
+        ``doc`` where a service must run from another image:
+
+        1. ``KVCHAOS_PULL=1``: ``compose pull`` the services whose image is missing (kvchaos
+           never contacts a registry otherwise);
+        2. a ``build:`` service whose image is missing is built (:func:`build_image`), once per
+           image;
+        3. the proxy service (``x-kvchaos.proxy.service``) whose image is still missing runs
+           kvchaos's own proxy instead: its ``x-kvchaos-local.command`` in the engine's image
+           (DESIGN.md: the real Toxiproxy where it can be pulled, ours where it cannot).
 
         Raises:
-            StackError: an image is missing and cannot be built here (no ``build:``, or
-                ``build=False``), or a build failed.
+            StackError: an image is missing and cannot be pulled, built or replaced, or a build
+                failed.
         """
-        doc = yaml.safe_load(self.compose_file.read_text())
+        services: dict[str, Any] = doc["services"]
+        missing = [n for n, svc in services.items() if not svc.get("image")
+                   or not image_exists(self.client, svc["image"])]
+        if missing and os.environ.get("KVCHAOS_PULL") == "1":
+            pullable = [n for n in missing if services[n].get("build") is None]
+            if pullable:
+                self.write_compose_file(doc)
+                self._compose("pull", "--ignore-pull-failures", *pullable, check=False, timeout_s=1800)
+            missing = [n for n in missing if not image_exists(self.client, services[n]["image"])]
         base = Path(self.spec.path).resolve().parent
-        for name, svc in doc["services"].items():
-            image = svc.get("image")
-            if image and image_exists(self.client, image):
-                continue
+        for name in list(missing):
+            svc = services[name]
             build = svc.get("build")
-            if build is None or not self.build:
-                raise StackError(f"service {name!r}: image {image!r} is not present and "
-                                 + ("the service has no build:" if build is None else "building is off")
-                                 + f"; build or load it first (see compose/README.md)", name)
+            if build is None or not self.build or image_exists(self.client, svc["image"]):
+                continue
             build = {"context": build} if isinstance(build, str) else dict(build)
             args = build.get("args") or {}
             if isinstance(args, list):
@@ -518,10 +532,28 @@ class ComposeStack(Stack):
                 args.setdefault("BASE_IMAGE", os.environ["KVCHAOS_BASE_IMAGE"])
             wheelhouse = os.environ.get("KVCHAOS_WHEELHOUSE")
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            build_image(image, base / build.get("context", "."), build.get("dockerfile", "Dockerfile"),
+            build_image(svc["image"], base / build.get("context", "."), build.get("dockerfile", "Dockerfile"),
                         buildargs=args, target=build.get("target"),
                         wheelhouse=Path(wheelhouse) if wheelhouse else None,
                         log_path=self.log_dir / f"build-{name}.log", client=self.client)
+        missing = [n for n in missing if not image_exists(self.client, services[n]["image"])]
+        proxy = self.settings.proxy.service if self.settings.proxy is not None else None
+        if proxy in missing:
+            local = self.spec.services[proxy].local_command()
+            engine = self.settings.engine
+            own = services.get(engine, {}).get("image") if engine else None
+            if local is not None and own and image_exists(self.client, own):
+                argv = self.spec.services[proxy].argv("local")
+                services[proxy].update({"image": own, "command": _escape_dollars(argv), "entrypoint": []})
+                services[proxy].pop("build", None)
+                missing.remove(proxy)
+        if missing:
+            name = missing[0]
+            raise StackError(f"service {name!r}: image {services[name].get('image')!r} is not present"
+                             + (" and the service has no build:" if services[name].get("build") is None
+                                else " and building is off")
+                             + "; build or load it (compose/README.md), or set KVCHAOS_PULL=1 where a "
+                             "registry is reachable", name)
 
     # --- lifecycle -----------------------------------------------------------------------
     def up(self) -> None:
@@ -534,13 +566,15 @@ class ComposeStack(Stack):
             StackError: an image is missing, compose failed, or a service exited or stayed
                 unhealthy; the stack is brought down (containers removed) first.
         """
-        self.write_compose_file()
+        doc = resolved_compose(self.spec, self.run_id, self.run_dir)
+        self.write_compose_file(doc)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.journal.add("compose_project", self.project, project=self.project,
                          compose_file=str(self.compose_file), compose=self.compose)
         self._save_state()
         try:
-            self.ensure_images()
+            self.ensure_images(doc)
+            self.write_compose_file(doc)
             if self.settings.proxy is not None and self.settings.proxy.service is None:
                 self.populate_links()
             pending = list(self.spec.services)

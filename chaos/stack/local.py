@@ -223,6 +223,7 @@ class LocalStack(Stack):
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._mount_l2()
         if self.settings.proxy is not None and self.settings.proxy.service is None:
             self.populate_links()
         wanted = self.spec.with_dependencies(services) if services else list(self.spec.services)
@@ -247,6 +248,36 @@ class LocalStack(Stack):
             self.down()
             raise
         self._save_state()
+
+    def _mount_l2(self) -> None:
+        """Mount the size-capped tmpfs for the filesystem L2 (``x-kvchaos.l2_fs_size``)."""
+        s = self.settings
+        if not s.l2_fs_size or not s.l2_fs_path:
+            return
+        path = Path(s.l2_fs_path)
+        path.mkdir(parents=True, exist_ok=True)
+        if os.path.ismount(path):
+            return
+        if os.geteuid() != 0:
+            raise StackError(f"x-kvchaos.l2_fs_size needs a tmpfs mount at {path}, which needs root; "
+                             "run as root, or use --backend compose (a tmpfs with a size in the container)")
+        self.journal.add("mount", str(path), path=str(path))
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={s.l2_fs_size}", "kvchaos-l2", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.journal.remove("mount", str(path))
+            raise StackError(f"could not mount a {s.l2_fs_size} tmpfs at {path}: {r.stderr.strip()}")
+
+    def _unmount_l2(self) -> None:
+        s = self.settings
+        if not s.l2_fs_size or not s.l2_fs_path:
+            return
+        path = Path(s.l2_fs_path)
+        if os.path.ismount(path):
+            r = subprocess.run(["umount", str(path)], capture_output=True, text=True)
+            if r.returncode != 0:  # busy: detach now, the kernel frees it when unused
+                subprocess.run(["umount", "-l", str(path)], capture_output=True, text=True)
+        self.journal.remove("mount", str(path))
 
     def _wait_many(self, names: list[str]) -> None:
         if not names:
@@ -466,6 +497,7 @@ class LocalStack(Stack):
                 self._signal_group(p, signal.SIGKILL)
                 self._wait_gone(p, KILL_WAIT_S)
             self.journal.remove("process", f"{p.service}:{p.pid}")
+        self._unmount_l2()
         if self.state_path.exists():
             self.state_path.unlink()
         self.journal.close()

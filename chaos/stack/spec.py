@@ -272,6 +272,10 @@ class KvchaosSettings(BaseModel):
     proxy: ProxySettings | None = None
     links: dict[str, Link] = Field(default_factory=dict)
     l2_fs_path: str | None = None
+    l2_fs_size: str | None = Field(
+        default=None, pattern=r"^[0-9]+[kmg]?$",
+        description="when set, the local backend mounts a tmpfs of this size (e.g. 64m) at l2_fs_path "
+                    "before any service starts, so the disk_full fault can fill it (needs root)")
     redis: RedisSettings | None = None
     leak_sources: list[LeakSource] = Field(default_factory=list)
     chunk_size: int = Field(default=256, gt=0)

@@ -158,3 +158,12 @@ def test_no_counters_means_no_evidence():
 def test_get_kind_classes_have_params_models():
     for kind in list(EXAMPLES) + ["link_down"]:
         assert get(kind).params_model.model_fields["kind"].annotation.__args__ == (kind,)
+
+
+def test_a_stale_toxic_of_the_same_name_is_replaced(proxy, link):
+    proxy.add_toxic(LINK, "latency", {"latency": 5000}, name="latency-0")
+    fault = _fault("latency", latency_ms=1)
+    applied = fault.apply(FaultContext(proxy=proxy))
+    assert applied["replaced_stale_toxic"] is True
+    (toxic,) = proxy.toxics(LINK)
+    assert toxic.attributes["latency"] == 1
