@@ -35,9 +35,9 @@ from chaos.proxy.client import ToxiproxyClient  # noqa: E402
 CHUNK = 1024 * 1024
 
 
-def start_proxy() -> tuple[subprocess.Popen[str], str]:
-    """Start ``python -m chaos.proxy --port 0``; return (process, API URL)."""
-    proc = subprocess.Popen([sys.executable, "-m", "chaos.proxy", "--port", "0"],
+def start_proxy(loop: str) -> tuple[subprocess.Popen[str], str]:
+    """Start ``python -m chaos.proxy --port 0 --loop LOOP``; return (process, API URL)."""
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.proxy", "--port", "0", "--loop", loop],
                             cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -184,10 +184,11 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=1.0, help="GiB per throughput run")
     ap.add_argument("--rounds", type=int, default=2000, help="round trips for the latency p50")
     ap.add_argument("--concurrency", type=int, default=200)
+    ap.add_argument("--loop", default="auto", help="proxy event loop: auto, uvloop, asyncio")
     args = ap.parse_args()
     total = int(args.gib * 1024**3) // CHUNK * CHUNK
 
-    proc, api = start_proxy()
+    proc, api = start_proxy(args.loop)
     ok = True
     try:
         tp = ToxiproxyClient(api, timeout_s=10)

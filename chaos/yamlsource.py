@@ -237,19 +237,28 @@ def _record(
     active.add(id(node))
     try:
         if isinstance(node, yaml.MappingNode) and isinstance(data, Mapping):
-            seen: dict[Any, int] = {}
-            for key_node, value_node in node.value:  # merge keys (<<) already flattened
+            # After merge keys (<<) are flattened, node.value lists the merged pairs first and
+            # the mapping's own pairs after; the constructor lets the last pair of a key win.
+            # Only two *own* pairs with one key are a duplicate; an own key may override a
+            # merged one.
+            start, end = node.start_mark.index, node.end_mark.index
+            own_lines: dict[Any, int] = {}
+            effective: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
+            for key_node, value_node in node.value:
                 key = _key_of(key_node)
                 if key is _NO_KEY or not _hashable(key):
                     continue
-                if key in seen:
-                    raise ConfigError(
-                        display,
-                        key_node.start_mark.line + 1,
-                        format_path(path + (key,)) if isinstance(key, (str, int)) else None,
-                        f"duplicate key {key!r} (first at line {seen[key]})",
-                    )
-                seen[key] = key_node.start_mark.line + 1
+                if start <= key_node.start_mark.index < end:
+                    if key in own_lines:
+                        raise ConfigError(
+                            display,
+                            key_node.start_mark.line + 1,
+                            format_path(path + (key,)) if isinstance(key, (str, int)) else None,
+                            f"duplicate key {key!r} (first at line {own_lines[key]})",
+                        )
+                    own_lines[key] = key_node.start_mark.line + 1
+                effective[key] = (key_node, value_node)
+            for key, (key_node, value_node) in effective.items():
                 child = path + (key,)
                 locator.marks.setdefault(
                     child, (key_node.start_mark.line + 1, key_node.start_mark.column + 1)

@@ -5,11 +5,15 @@
 #      ca-certificates) into a temp folder, then `docker import` (about 45 s here);
 #   2. a wheelhouse: every wheel compose/Dockerfile installs (torch CPU, LMCache 0.5.6 and its
 #      runtime needs, kvchaos's dependencies), fetched with this machine's pip configuration
-#      (find-links, local indexes) into $KVCHAOS_WHEELHOUSE (about 30 s, 340 MB).
+#      (find-links, local indexes) into $KVCHAOS_WHEELHOUSE, default compose/wheelhouse
+#      (git-ignored; about 20-40 s, 340 MB).
 #
-# Each step is skipped when already done (pass --force to redo both).
+# Each step is skipped when already done (--force redoes both; --wheelhouse-only skips the
+# image, and needs neither root nor debootstrap: for hosts that can pull a base image;
+# --base-only skips the wheelhouse: enough for tests/compose).
 #
-#   scripts/offline-base-image.sh [--force] [IMAGE]      IMAGE defaults to kvchaos/base:bookworm
+#   scripts/offline-base-image.sh [--force] [--wheelhouse-only | --base-only] [IMAGE]
+#                                                    IMAGE defaults to kvchaos/base:bookworm
 #
 # The Debian mirror is the one this machine's apt uses (read from /etc/apt/sources.list*), or
 # $DEBIAN_MIRROR when set. Use the image with
@@ -17,9 +21,19 @@
 # Exit codes: 0 image present, 3 missing tool / not root / no mirror found.
 set -euo pipefail
 force=0
-if [ "${1:-}" = "--force" ]; then force=1; shift; fi
+wheelhouse_only=0
+base_only=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --force) force=1; shift ;;
+    --wheelhouse-only) wheelhouse_only=1; shift ;;
+    --base-only) base_only=1; shift ;;
+    -*) echo "offline-base-image: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
 IMAGE=${1:-${KVCHAOS_BASE_IMAGE:-kvchaos/base:bookworm}}
-WHEELHOUSE=${KVCHAOS_WHEELHOUSE:-/var/cache/kvchaos/wheelhouse}
+WHEELHOUSE=${KVCHAOS_WHEELHOUSE:-compose/wheelhouse}
 PYTHON=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 SUITE=${DEBIAN_SUITE:-bookworm}
@@ -28,9 +42,11 @@ INCLUDE=python3,python3-venv,ca-certificates
 say() { echo "offline-base-image: $*"; }
 die() { echo "offline-base-image: $*" >&2; exit 3; }
 
-command -v docker >/dev/null 2>&1 || die "no docker CLI; run scripts/docker-setup.sh"
-command -v debootstrap >/dev/null 2>&1 || die "no debootstrap; run scripts/docker-setup.sh"
-[ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
+if [ $wheelhouse_only -eq 0 ]; then
+  command -v docker >/dev/null 2>&1 || die "no docker CLI; run scripts/docker-setup.sh"
+  command -v debootstrap >/dev/null 2>&1 || die "no debootstrap; run scripts/docker-setup.sh"
+  [ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
+fi
 
 # --- 2. wheelhouse (first: it needs no root and no docker) ----------------------------------
 # Resolved for this interpreter; pip evaluates environment markers for the running Python only
@@ -66,7 +82,8 @@ PY
   echo "$want" >"$stamp"
   say "wheelhouse ready in $((SECONDS - start))s ($(ls "$WHEELHOUSE"/*.whl | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1))"
 }
-make_wheelhouse
+[ $base_only -eq 1 ] || make_wheelhouse
+[ $wheelhouse_only -eq 0 ] || exit 0
 
 # --- 1. base image -----------------------------------------------------------------------------
 if [ $force -eq 0 ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from chaos.faults.network import ToxicFault, ToxicParams
 from chaos.faults.registry import register
@@ -13,7 +13,7 @@ from chaos.faults.registry import register
 class BandwidthParams(ToxicParams):
     kind: Literal["bandwidth"]
     # Toxiproxy's `rate` is KB/s (1 KB = 1000 bytes), not kilobits: the name keeps its unit.
-    rate_kbps: int = Field(ge=1, description="throughput cap, kilobytes (1000 bytes) per second")
+    rate_kbps: StrictInt = Field(ge=1, description="throughput cap, kilobytes (1000 bytes) per second")
 
 
 @register("bandwidth")

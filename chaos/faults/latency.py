@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from chaos.faults.network import ToxicFault, ToxicParams
 from chaos.faults.registry import register
@@ -12,8 +12,8 @@ from chaos.faults.registry import register
 
 class LatencyParams(ToxicParams):
     kind: Literal["latency"]
-    latency_ms: int = Field(ge=0, description="added delay per chunk of data, milliseconds")
-    jitter_ms: int = Field(default=0, ge=0, description="random ± variation of the delay, milliseconds")
+    latency_ms: StrictInt = Field(ge=0, description="added delay per chunk of data, milliseconds")
+    jitter_ms: StrictInt = Field(default=0, ge=0, description="random ± variation of the delay, milliseconds")
 
 
 @register("latency")

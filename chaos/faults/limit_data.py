@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from chaos.faults.network import ToxicFault, ToxicParams
 from chaos.faults.registry import register
@@ -12,7 +12,7 @@ from chaos.faults.registry import register
 
 class LimitDataParams(ToxicParams):
     kind: Literal["limit_data"]
-    bytes: int = Field(ge=0, description="bytes let through per connection before it is closed")
+    bytes: StrictInt = Field(ge=0, description="bytes let through per connection before it is closed")
 
 
 @register("limit_data")

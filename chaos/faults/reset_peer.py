@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from chaos.faults.network import ToxicFault, ToxicParams
 from chaos.faults.registry import register
@@ -12,7 +12,7 @@ from chaos.faults.registry import register
 
 class ResetPeerParams(ToxicParams):
     kind: Literal["reset_peer"]
-    timeout_ms: int = Field(
+    timeout_ms: StrictInt = Field(
         default=0, ge=0, description="reset after this many ms of the connection; 0 resets at once"
     )
 

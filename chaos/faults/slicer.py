@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictInt, model_validator
 
 from chaos.faults.network import ToxicFault, ToxicParams
 from chaos.faults.registry import register
@@ -12,11 +12,11 @@ from chaos.faults.registry import register
 
 class SlicerParams(ToxicParams):
     kind: Literal["slicer"]
-    average_size: int = Field(ge=1, description="average piece size, bytes")
-    size_variation: int = Field(
+    average_size: StrictInt = Field(ge=1, description="average piece size, bytes")
+    size_variation: StrictInt = Field(
         default=0, ge=0, description="± variation of the piece size, bytes (< average_size)"
     )
-    delay_us: int = Field(default=0, ge=0, description="pause between pieces, microseconds")
+    delay_us: StrictInt = Field(default=0, ge=0, description="pause between pieces, microseconds")
 
     @model_validator(mode="after")
     def _variation_below_average(self) -> SlicerParams:

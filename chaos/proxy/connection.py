@@ -148,8 +148,8 @@ class ClientSide(_Side):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+
+        self.transport = transport  # type: ignore[assignment]
         transport.pause_reading()  # until the upstream is connected
         connection = Connection(self.proxy, transport)
         super().__init__(connection, connection.up, connection.down)

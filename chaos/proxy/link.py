@@ -60,7 +60,7 @@ class ToxicLink:
         self.stubs: list[ToxicStub] = []
         for wrapper in chain:
             self.add_stub(wrapper)
-        self.fast = not self.stubs
+        self.fast = False  # until attach(): bytes read before the upstream is open queue up
         self.queue: deque[tuple[bytes, float]] = deque()
         self.queued_bytes = 0
         self.eof = False  # the source sent FIN
@@ -76,6 +76,10 @@ class ToxicLink:
         """Set the transports this link reads from and writes to."""
         self.source = source
         self.dest = dest
+        if not self.stubs and not self.queue and not self.eof:
+            self.fast = True
+        else:
+            self._wake()
 
     # --- toxics on a live link ----------------------------------------------------------
     def add_stub(self, wrapper: ToxicWrapper) -> ToxicStub:

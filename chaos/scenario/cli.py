@@ -18,7 +18,7 @@ import typer
 
 from chaos.scenario.loader import discover_scenarios, load_scenario, validate_against_stack
 from chaos.scenario.model import Scenario
-from chaos.yamlsource import ConfigError, load_yaml
+from chaos.yamlsource import ConfigError
 
 __all__ = ["app", "validate", "schema", "list_scenarios", "stack_names", "schema_text", "DEFAULT_SCHEMA_PATH"]
 
@@ -27,29 +27,23 @@ DEFAULT_SCHEMA_PATH = Path("schemas/scenario.schema.json")
 app = typer.Typer(help="Scenario files: validate, JSON schema, catalogue.", no_args_is_help=True)
 
 
-def stack_names(stack_file: Path) -> tuple[set[str], set[str]] | None:
-    """(link names, service names) of a stack file, read from its YAML; None when it has no
-    ``x-kvchaos.links`` mapping (then links are not checked).
+def stack_names(stack_file: Path) -> tuple[set[str], set[str]]:
+    """(link names, service names) of a stack file, validated by chaos.stack.spec.load_stack
+    (no ports allocated, commands not required).
 
     Raises:
-        ConfigError: the stack file is not readable YAML.
+        ConfigError: the stack file is invalid (file:line of the stack file).
     """
-    data, _ = load_yaml(stack_file)
-    if not isinstance(data, dict):
-        return None
-    settings = data.get("x-kvchaos")
-    services = data.get("services")
-    links = settings.get("links") if isinstance(settings, dict) else None
-    if not isinstance(links, dict):
-        return None
-    return {str(k) for k in links}, ({str(k) for k in services} if isinstance(services, dict) else set())
+    from chaos.stack.spec import load_stack  # the stack layer; imported when needed
+
+    spec = load_stack(stack_file, allocate_ports=False, require_commands=False)
+    return set(spec.settings.links), set(spec.services)
 
 
 def _check_one(path: Path) -> Scenario:
     scenario = load_scenario(path)
-    names = stack_names(scenario.stack)
-    if names is not None:
-        validate_against_stack(scenario, names[0], names[1])
+    links, services = stack_names(scenario.stack)
+    validate_against_stack(scenario, links, services)
     return scenario
 
 

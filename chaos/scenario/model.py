@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictInt,
     ValidationInfo,
     field_validator,
 )
@@ -64,7 +65,7 @@ class Phase(_Strict):
     faults with ``until: end`` are healed and the next phase starts."""
 
     name: str = Field(pattern=SLUG_PATTERN, description="phase name, unique in the scenario: [a-z0-9-]+")
-    requests: int | None = Field(
+    requests: StrictInt | None = Field(
         default=None,
         ge=0,
         description="requests in this phase; default workload.requests; 0 = no workload in this phase",
@@ -85,7 +86,7 @@ class Scenario(_Strict):
     name: str = Field(pattern=SLUG_PATTERN, max_length=100, description="scenario name: [a-z0-9-]+")
     description: str = Field(default="", description="what production failure this models")
     stack: Path = Field(description="stack file (compose format), relative to the scenario file")
-    seed: int = Field(default=0, description="seed of the workload and of every random choice of the run")
+    seed: StrictInt = Field(default=0, description="seed of the workload and of every random choice of the run")
     engine: EngineOptions = Field(default_factory=EngineOptions, description="engine options")
     xfail: Xfail | None = Field(default=None, description="expected failure (a known bug)")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="the requests to send")

@@ -8,7 +8,7 @@
 
 Every run is its own compose project, ``kvchaos-<run id>``; compose labels every container,
 network and volume with ``com.docker.compose.project``, and kvchaos adds ``io.kvchaos.run`` to
-each container, so :func:`cleanup_project` and :func:`cleanup_all` find what a dead runner left.
+each container, so :func:`remove_project` and :func:`cleanup_all` find what a dead runner left.
 The project is written to the run's journal (kind ``compose_project``) before anything starts.
 
 Since every service uses ``network_mode: host`` and the ports come from the same variables, the
@@ -27,7 +27,13 @@ Images: a service with ``build:`` gets the image name ``image:`` gives (or
 ``kvchaos-local/<stack>-<service>:latest``); when that image is missing, :func:`build_image`
 builds it from a filtered build context (no ``.git``, ``.venv``, caches: the legacy builder
 sends the whole context) with the host's network, ``KVCHAOS_BASE_IMAGE`` as build arg
-``BASE_IMAGE`` and the wheels of ``KVCHAOS_WHEELHOUSE`` as build arg ``WHEELHOUSE``.
+``BASE_IMAGE`` and the wheels of ``KVCHAOS_WHEELHOUSE`` (default ``compose/wheelhouse`` in the
+build context, where scripts/offline-base-image.sh puts them) as build arg ``WHEELHOUSE``.
+
+Filesystem L2 with a size (``x-kvchaos.l2_fs_size``, for the disk_full fault): a tmpfs of that
+size is mounted at ``l2_fs_path`` on the host before the containers start, exactly as LocalStack
+does, and reaches the containers through the run dir's bind mount; the fault fills it from the
+host under both backends.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from chaos.journal import Journal
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import TELEMETRY_OFF
 from chaos.stack.interpolate import interpolate_data
-from chaos.stack.local import signal_number
+from chaos.stack.local import LocalStack, signal_number
 from chaos.stack.probe import probe, probe_url_of
 from chaos.stack.spec import HealthCheck, StackSpec, load_stack
 from chaos.yamlsource import load_yaml
@@ -77,7 +83,11 @@ KILL_WAIT_S = 10.0
 NO_HEALTHCHECK_WAIT_S = 30.0
 #: Paths a build context never needs (the legacy builder sends the whole context to dockerd).
 BUILD_CONTEXT_EXCLUDES = [".git", ".venv", "venv", "**/__pycache__", "**/*.pyc", "*.egg-info",
-                          ".pytest_cache", ".mypy_cache", ".ruff_cache", "reports", "node_modules"]
+                          ".pytest_cache", ".mypy_cache", ".ruff_cache", "reports", "node_modules",
+                          "compose/wheelhouse"]
+#: Where scripts/offline-base-image.sh puts the wheelhouse, relative to the repository root (the
+#: build context of compose/Dockerfile); used when ``KVCHAOS_WHEELHOUSE`` is not set.
+DEFAULT_WHEELHOUSE = "compose/wheelhouse"
 #: Folder in the build context that receives ``KVCHAOS_WHEELHOUSE``'s wheels.
 CONTEXT_WHEELHOUSE = ".kvchaos-wheelhouse"
 
@@ -328,7 +338,7 @@ def image_exists(client: docker.DockerClient, image: str) -> bool:
 
 # --- cleanup --------------------------------------------------------------------------------------
 
-def cleanup_project(project: str, client: docker.DockerClient | None = None) -> dict[str, list[str]]:
+def remove_project(project: str, client: docker.DockerClient | None = None) -> dict[str, list[str]]:
     """Remove every container, network and volume of one compose project (force, no grace).
 
     Returns:
@@ -430,7 +440,6 @@ class ComposeStack(Stack):
         # Exits are keyed by (container id, StartedAt): one container restarts many times.
         self._expected: set[tuple[str, str]] = set()
         self._recorded: set[tuple[str, str]] = set()
-        self._paused: set[str] = set()
         # Services whose host-side probe passed since they last started (see host_probe_url).
         self._healthy: set[str] = set()
 
@@ -530,11 +539,12 @@ class ComposeStack(Stack):
             args = {k: str(v).replace("$$", "$") for k, v in args.items()}
             if os.environ.get("KVCHAOS_BASE_IMAGE"):
                 args.setdefault("BASE_IMAGE", os.environ["KVCHAOS_BASE_IMAGE"])
-            wheelhouse = os.environ.get("KVCHAOS_WHEELHOUSE")
+            context = base / build.get("context", ".")
+            wheelhouse = Path(os.environ.get("KVCHAOS_WHEELHOUSE") or context / DEFAULT_WHEELHOUSE)
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            build_image(svc["image"], base / build.get("context", "."), build.get("dockerfile", "Dockerfile"),
+            build_image(svc["image"], context, build.get("dockerfile", "Dockerfile"),
                         buildargs=args, target=build.get("target"),
-                        wheelhouse=Path(wheelhouse) if wheelhouse else None,
+                        wheelhouse=wheelhouse if any(wheelhouse.glob("*.whl")) else None,
                         log_path=self.log_dir / f"build-{name}.log", client=self.client)
         missing = [n for n in missing if not image_exists(self.client, services[n]["image"])]
         proxy = self.settings.proxy.service if self.settings.proxy is not None else None
@@ -573,6 +583,7 @@ class ComposeStack(Stack):
                          compose_file=str(self.compose_file), compose=self.compose)
         self._save_state()
         try:
+            self._mount_l2()
             self.ensure_images(doc)
             self.write_compose_file(doc)
             if self.settings.proxy is not None and self.settings.proxy.service is None:
@@ -705,7 +716,6 @@ class ComposeStack(Stack):
             self._healthy.discard(service)
         if c.status == "paused" and name not in ("SIGKILL", "SIGSTOP", "SIGCONT"):
             c.unpause()
-            self._paused.discard(service)
         try:
             c.kill(signal=name)
         except docker.errors.APIError as exc:
@@ -715,7 +725,6 @@ class ComposeStack(Stack):
                 c.wait(timeout=KILL_WAIT_S)
             except Exception:  # requests' ReadTimeout: reported by status() as still running
                 pass
-            self._paused.discard(service)
         self.status()
 
     def stop(self, service: str) -> None:
@@ -730,7 +739,6 @@ class ComposeStack(Stack):
             self._healthy.discard(service)
         if c.status == "paused":
             c.unpause()
-        self._paused.discard(service)
         if c.status in ("running", "paused", "restarting"):
             c.stop(timeout=int(max(1, round(self.spec.services[service].stop_grace_period))))
         self.status()
@@ -760,12 +768,10 @@ class ComposeStack(Stack):
     def pause(self, service: str) -> None:
         """``docker pause`` (cgroup freezer): every process of the container stops."""
         self.container(service).pause()
-        self._paused.add(service)
 
     def resume(self, service: str) -> None:
         """``docker unpause``."""
         self.container(service).unpause()
-        self._paused.discard(service)
 
     # --- teardown ------------------------------------------------------------------------
     def collect_logs(self, dest_dir: Path) -> list[Path]:
@@ -811,13 +817,21 @@ class ComposeStack(Stack):
                 except StackError:
                     pass
         finally:
-            cleanup_project(self.project, self.client)
-            self._paused.clear()
+            remove_project(self.project, self.client)
+            self._unmount_l2()
             state = self.run_dir / "state.json"
             if state.exists():
                 state.unlink()
             self.journal.remove("compose_project", self.project)
             self.journal.close()
+
+    # --- filesystem L2 ------------------------------------------------------------------
+    # The same host tmpfs as LocalStack's (one implementation; it only needs settings + journal).
+    def _mount_l2(self) -> None:
+        LocalStack._mount_l2(self)  # type: ignore[arg-type]
+
+    def _unmount_l2(self) -> None:
+        LocalStack._unmount_l2(self)  # type: ignore[arg-type]
 
     # --- state for detached stacks ---------------------------------------------------------
     def _save_state(self) -> None:
@@ -845,6 +859,6 @@ class ComposeStack(Stack):
                    journal=journal)
 
 
-__all__ = ["ComposeStack", "build_image", "build_context_tar", "cleanup_all", "cleanup_project",
+__all__ = ["ComposeStack", "build_image", "build_context_tar", "cleanup_all", "remove_project",
            "compose_command", "docker_client", "engine_available", "image_exists", "project_name",
            "resolved_compose", "LABEL_RUN", "LABEL_PROJECT", "LABEL_SERVICE", "PROJECT_PREFIX"]

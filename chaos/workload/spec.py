@@ -6,7 +6,7 @@ token ids (0..255) and a length is exact.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 __all__ = ["WorkloadSpec"]
 
@@ -21,23 +21,23 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    families: int = Field(default=4, ge=1, le=10_000, description="number of shared-prefix families")
-    prefix_tokens: list[int] | int = Field(
+    families: StrictInt = Field(default=4, ge=1, le=10_000, description="number of shared-prefix families")
+    prefix_tokens: list[StrictInt] | StrictInt = Field(
         default_factory=lambda: [256],
         description="shared prefix length per family in tokens, cycled over families (one value or a list)",
     )
-    suffix_tokens: int = Field(
+    suffix_tokens: StrictInt = Field(
         default=32, ge=0, le=1_000_000, description="distinct suffix per request (and new user text per turn), tokens"
     )
-    turns: int = Field(default=1, ge=1, le=1000, description="turns per conversation; >1 makes multi-turn conversations that grow")
-    tenants: int | list[str] = Field(
+    turns: StrictInt = Field(default=1, ge=1, le=1000, description="turns per conversation; >1 makes multi-turn conversations that grow")
+    tenants: StrictInt | list[str] = Field(
         default=1,
         description="number of tenants (cache_salt values tenant-0..N-1) or the list of salts; "
         "1 sends no cache_salt",
     )
-    requests: int = Field(default=24, ge=0, le=1_000_000, description="requests per phase that runs the workload")
-    concurrency: int = Field(default=4, ge=1, le=10_000, description="requests in flight at once")
-    max_tokens: int = Field(default=16, ge=1, le=100_000, description="tokens generated per request")
+    requests: StrictInt = Field(default=24, ge=0, le=1_000_000, description="requests per phase that runs the workload")
+    concurrency: StrictInt = Field(default=4, ge=1, le=10_000, description="requests in flight at once")
+    max_tokens: StrictInt = Field(default=16, ge=1, le=100_000, description="tokens generated per request")
     stream: bool | float = Field(
         default=False,
         description="stream responses (SSE): true, false, or the fraction 0..1 of requests streamed",

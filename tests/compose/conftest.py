@@ -79,6 +79,6 @@ def sweeper(docker) -> Iterator[list[str]]:
     test does not leave containers for the next)."""
     projects: list[str] = []
     yield projects
-    from chaos.stack.compose import cleanup_project
+    from chaos.stack.compose import remove_project
     for p in projects:
-        cleanup_project(p, docker)
+        remove_project(p, docker)

@@ -41,8 +41,14 @@ def make_stack(path: Path, tmp_path: Path, env: dict[str, str], sweeper: list[st
     return stack
 
 
-def test_up_is_healthy_with_labels_tmpfs_and_run_dir(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
-    stack = make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+@pytest.fixture
+def redis_stack(redis_stack_path, stack_env, tmp_path, sweeper) -> ComposeStack:
+    """tests/compose/stacks/redis.yml as a ComposeStack (not started)."""
+    return make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+
+
+def test_up_is_healthy_with_labels_tmpfs_and_run_dir(docker, leftovers, redis_stack):
+    stack = redis_stack
     port = int(stack.env["REDIS_PORT"])
     with stack:
         st = stack.status()
@@ -59,15 +65,22 @@ def test_up_is_healthy_with_labels_tmpfs_and_run_dir(docker, leftovers, redis_st
         assert rc == 0 and out.decode().splitlines()[1].split()[1] == "8192", out
         # ${KVCHAOS_RUN_DIR} is the same path inside and out; $$ reached the shell as $
         assert (stack.run_dir / "sleeper-was-here").read_text().strip() == f"redis://127.0.0.1:{port}"
+        # x-kvchaos.l2_fs_size: a 4 MiB tmpfs on the host at l2_fs_path, seen by the containers
+        l2 = Path(stack.settings.l2_fs_path)
+        assert os.path.ismount(l2)
+        (l2 / "from-host").write_text("hello")
+        rc, out = redis.exec_run(["sh", "-c", f"df -k {l2} | tail -1; cat {l2}/from-host"])
+        assert rc == 0 and out.decode().split()[1] == "4096" and out.decode().endswith("hello"), out
         assert stack.exits == []
     assert leftovers(stack.project) == NOTHING
+    assert not os.path.ismount(stack.settings.l2_fs_path)
     logs = stack.run_dir / "logs"
     assert "Ready to accept connections" in (logs / "redis.log").read_text()
     assert (logs / "sleeper.log").exists()
 
 
-def test_kill_start_restart_and_unexpected_exits(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
-    stack = make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+def test_kill_start_restart_and_unexpected_exits(docker, leftovers, redis_stack):
+    stack = redis_stack
     port = int(stack.env["REDIS_PORT"])
     with stack:
         stack.kill("redis", "SIGKILL")
@@ -93,8 +106,8 @@ def test_kill_start_restart_and_unexpected_exits(docker, leftovers, redis_stack_
     assert leftovers(stack.project) == NOTHING
 
 
-def test_pause_freezes_and_resume_thaws(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
-    stack = make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+def test_pause_freezes_and_resume_thaws(docker, leftovers, redis_stack):
+    stack = redis_stack
     port = int(stack.env["REDIS_PORT"])
     with stack:
         stack.pause("redis")
@@ -107,8 +120,8 @@ def test_pause_freezes_and_resume_thaws(docker, leftovers, redis_stack_path, sta
     assert leftovers(stack.project) == NOTHING
 
 
-def test_exception_inside_with_leaves_nothing(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
-    stack = make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+def test_exception_inside_with_leaves_nothing(docker, leftovers, redis_stack):
+    stack = redis_stack
     with pytest.raises(RuntimeError, match="boom"):
         with stack:
             assert leftovers(stack.project)["containers"]
@@ -116,18 +129,19 @@ def test_exception_inside_with_leaves_nothing(docker, leftovers, redis_stack_pat
     assert leftovers(stack.project) == NOTHING
 
 
-def test_keyboard_interrupt_inside_with_leaves_nothing(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
-    stack = make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+def test_keyboard_interrupt_inside_with_leaves_nothing(docker, leftovers, redis_stack):
+    stack = redis_stack
     with pytest.raises(KeyboardInterrupt):
         with stack:
             raise KeyboardInterrupt
     assert leftovers(stack.project) == NOTHING
 
 
-def test_ctrl_c_of_a_real_process_leaves_nothing(docker, leftovers, redis_stack_path, stack_env, tmp_path):
+def test_ctrl_c_of_a_real_process_leaves_nothing(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
     """SIGINT to a process sitting in ``with ComposeStack(...)``: Python raises
     KeyboardInterrupt there and ``__exit__`` tears the stack down."""
     run_id = "ctrlc-" + os.urandom(3).hex()
+    sweeper.append(project_name(run_id))
     script = textwrap.dedent(f"""
         import sys, time
         from chaos.stack.compose import ComposeStack
@@ -166,6 +180,41 @@ def test_a_service_that_dies_fails_up_and_is_removed(docker, leftovers, stack_en
     assert leftovers(stack.project) == NOTHING
 
 
+def test_a_missing_proxy_image_runs_kvchaos_own_proxy_command(docker, leftovers, stack_env, tmp_path, sweeper,
+                                                              test_image):
+    """No registry: the proxy service runs its x-kvchaos-local command in the engine's image."""
+    path = tmp_path / "proxy.yml"
+    path.write_text(textwrap.dedent(f"""
+        x-kvchaos:
+          engine: engine
+          proxy: {{service: toxiproxy, api: "http://127.0.0.1:${{TOXIPROXY_PORT:-18474}}"}}
+        services:
+          toxiproxy:
+            image: kvchaos-test/not-pulled-here:never
+            network_mode: host
+            command: ["-host=127.0.0.1", "-port=${{TOXIPROXY_PORT:-18474}}"]
+            x-kvchaos-local:
+              command: [python3, -m, http.server, --bind, 127.0.0.1, "${{TOXIPROXY_PORT:-18474}}"]
+            healthcheck:
+              test: [CMD, kvchaos, probe, "http://127.0.0.1:${{TOXIPROXY_PORT:-18474}}/"]
+              interval: 200ms
+              retries: 50
+          engine:
+            image: {test_image}
+            network_mode: host
+            command: [sleep, infinity]
+            stop_signal: SIGKILL
+            depends_on: {{toxiproxy: {{condition: service_healthy}}}}
+    """))
+    stack = make_stack(path, tmp_path, stack_env, sweeper)
+    with stack:
+        assert stack.status()["toxiproxy"].healthy
+        proxy = stack.container("toxiproxy")
+        assert proxy.attrs["Config"]["Image"] == test_image
+        assert proxy.attrs["Config"]["Cmd"][:3] == ["python3", "-m", "http.server"]
+    assert leftovers(stack.project) == NOTHING
+
+
 def test_missing_image_without_build_is_a_clear_error(docker, leftovers, stack_env, tmp_path, sweeper):
     path = tmp_path / "noimage.yml"
     path.write_text("services:\n  a:\n    image: kvchaos-test/does-not-exist:never\n"
@@ -176,14 +225,34 @@ def test_missing_image_without_build_is_a_clear_error(docker, leftovers, stack_e
     assert leftovers(stack.project) == NOTHING
 
 
-def test_cleanup_all_removes_what_a_dead_runner_left(docker, leftovers, redis_stack_path, stack_env, tmp_path, sweeper):
-    stack = make_stack(redis_stack_path, tmp_path, stack_env, sweeper)
+def test_cleanup_all_removes_what_a_dead_runner_left(docker, leftovers, redis_stack):
+    stack = redis_stack
     stack.up()  # and never down(): the runner "died"
-    assert leftovers(stack.project)["volumes"]
-    removed = cleanup_all(docker)
-    assert len([c for c in removed["containers"] if c.startswith(stack.project)]) == 3
+    try:
+        assert leftovers(stack.project)["volumes"]
+        removed = cleanup_all(docker)
+        assert len([c for c in removed["containers"] if c.startswith(stack.project)]) == 3
+        assert stack.project + "_default" in removed["networks"]
+        assert leftovers(stack.project) == NOTHING
+        assert not docker.containers.list(all=True, filters={"label": LABEL_RUN})
+    finally:
+        stack._unmount_l2()
+
+
+def test_kvchaos_cleanup_takes_down_a_project_from_the_journal(docker, leftovers, redis_stack):
+    """`kvchaos cleanup` (chaos/cleanup.py) reads the journal entry up() wrote and removes the
+    project and the L2 mount."""
+    from chaos.cleanup import cleanup
+
+    stack = redis_stack
+    stack.up()  # the runner "died" here
+    kinds = {e["kind"] for e in stack.journal.open_entries()}
+    assert {"compose_project", "mount"} <= kinds
+    report = cleanup()
+    assert report.errors == []
+    assert f"removed compose project {stack.project}" in report.undone
     assert leftovers(stack.project) == NOTHING
-    assert not docker.containers.list(all=True, filters={"label": LABEL_RUN})
+    assert not os.path.ismount(stack.settings.l2_fs_path)
 
 
 def test_build_context_leaves_out_venv_and_git(tmp_path):

@@ -128,3 +128,19 @@ def recv_all(sock: socket.socket) -> bytes:
         if not data:
             return bytes(buf)
         buf += data
+
+
+class Net:
+    """Socket helpers for tests (a fixture, since test modules cannot import conftest)."""
+
+    Upstream = Upstream
+    ServerThread = ServerThread
+    connect = staticmethod(connect)
+    recv_exact = staticmethod(recv_exact)
+    recv_all = staticmethod(recv_all)
+    echo = staticmethod(echo)
+
+
+@pytest.fixture
+def net() -> type[Net]:
+    return Net

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from chaos.scenario.cli import app, schema_text, stack_names
 
-from .conftest import GOOD
+from .samples import GOOD
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -28,9 +28,15 @@ def test_validate_ok_and_bad(write):
 
 def test_stack_names(scenario_dir):
     assert stack_names(scenario_dir / "stack.yml") == (
-        {"engine-lmcache", "lmcache-redis"}, {"engine", "lmcache"})
-    (scenario_dir / "plain.yml").write_text("services: {a: {}}\n")
-    assert stack_names(scenario_dir / "plain.yml") is None
+        {"engine-lmcache", "lmcache-redis"}, {"engine", "lmcache", "toxiproxy"})
+    (scenario_dir / "plain.yml").write_text("services: {a: {command: [x]}}\n")
+    assert stack_names(scenario_dir / "plain.yml") == (set(), {"a"})
+
+
+def test_invalid_stack_file_is_reported(write, scenario_dir):
+    (scenario_dir / "stack.yml").write_text("services:\n  engine: {comand: [x]}\n")
+    r = runner.invoke(app, ["validate", str(write(GOOD))])
+    assert r.exit_code == 2 and "stack.yml:2: services.engine.comand: " in r.output
 
 
 def test_schema_command(tmp_path):

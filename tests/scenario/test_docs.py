@@ -30,12 +30,13 @@ def test_every_schema_field_is_in_the_guide():
     fields = _property_names(Scenario.json_schema())
     assert len(fields) > 30
     missing = sorted(f for f in fields if f"`{f}`" not in GUIDE)
-    assert not missing, f"docs/scenarios.md does not mention: {missing}"
+    assert not missing, f"docs/scenarios.md does not mention these scenario fields: {missing}"
 
 
 def _section(kind: str) -> str:
     m = re.search(rf"^#### `{re.escape(kind)}`\n(.*?)(?=^#{{2,4}} )", GUIDE, re.S | re.M)
-    assert m, f"docs/scenarios.md has no '#### `{kind}`' section"
+    assert m, (f"docs/scenarios.md has no '#### `{kind}`' section: document the fault kind there, "
+               "with its fields and a one-line YAML example (see 'Adding a fault kind')")
     return m.group(1)
 
 

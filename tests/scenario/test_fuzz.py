@@ -13,7 +13,7 @@ from chaos.scenario.loader import load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-from .conftest import GOOD, STACK
+from .samples import GOOD, STACK
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

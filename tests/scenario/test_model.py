@@ -7,7 +7,7 @@ from chaos.scenario.loader import discover_scenarios, load_scenario, validate_ag
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-from .conftest import GOOD
+from .samples import GOOD
 
 
 def test_good_scenario_loads_with_defaults(write, scenario_dir):
@@ -105,6 +105,9 @@ def test_missing_stack_file(write, scenario_dir):
          "phases[0].requests", "greater than or equal to 0"),
         ("request_deadline_s: 30", "request_deadline_s: 0", "checks.liveness.request_deadline_s",
          "must be positive"),
+        # YAML 1.1 reads `yes` as true: a count must be a real integer, not a bool or a string
+        ("  requests: 4\n", "  requests: yes\n", "workload.requests", "valid integer"),
+        ("latency_ms: 3000", "latency_ms: '3000'", "phases[1].faults[0].latency_ms", "valid integer"),
     ],
 )
 def test_bad_values_name_the_field(write, old, new, field, words):

@@ -31,10 +31,17 @@ def test_locator_lines_for_keys_and_items():
 
 
 def test_merge_keys_point_at_the_anchor():
-    data, loc = load_yaml_text("base: &b {x: 1}\nc:\n  <<: *b\n  y: 2\n")
-    assert data["c"] == {"x": 1, "y": 2}
+    data, loc = load_yaml_text("base: &b {x: 1, z: 0}\nc:\n  <<: *b\n  y: 2\n  z: 3\n")
+    assert data["c"] == {"x": 1, "y": 2, "z": 3}
     assert loc.line_of(("c", "x")) == 1
     assert loc.line_of(("c", "y")) == 4
+    assert loc.line_of(("c", "z")) == 5  # an own key overrides a merged one: not a duplicate
+
+
+def test_merge_of_several_anchors_first_wins():
+    data, loc = load_yaml_text("a: &a {x: 1}\nb: &b {x: 2, y: 2}\nc:\n  <<: [*a, *b]\n")
+    assert data["c"] == {"x": 1, "y": 2}
+    assert loc.line_of(("c", "x")) == 1 and loc.line_of(("c", "y")) == 2
 
 
 @pytest.mark.parametrize(

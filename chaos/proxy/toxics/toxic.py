@@ -153,6 +153,8 @@ class ToxicStub:
 
     async def sleep(self, seconds: float) -> bool:
         """Sleep ``seconds``; return True if the time passed, False if interrupted early."""
+        if self.removed:
+            return False  # removed while its pipe was busy elsewhere: no more waiting
         if seconds <= 0:
             return True
         loop = asyncio.get_running_loop()

@@ -1,0 +1,149 @@
+"""cancel: clients abort their requests (the connection is closed mid-request).
+
+    apply ── the window opens ───────────────────────────── heal ── the window closes
+               │ each request the workload starts in the window asks the runner's nemesis
+               │ (Nemesis.cancel_for) -> this fault's cancel_for(plan, ctx) -> Cancel | None
+               ▼
+    chaos.workload.client: aborts after the first token / after N ms, records ``info`` with
+    ``aborted: true``
+
+Modes: ``after_first_token`` (streamed requests; a non-streamed request has no first token,
+so it is aborted ``after_ms`` after it was sent instead), ``after_ms``, and ``random`` (each
+picked request is aborted at a random point: for a streamed request after its first token or
+at a uniform time in [0, after_ms] ms, for a non-streamed one at a uniform time in
+[0, after_ms] ms). ``probability`` picks which requests are aborted (seeded); ``storm``
+aborts every request started in the window. The engine must end each aborted request's
+lookup, locks and session (field report F9: an abort between prefix match and load-back
+leaked a pending lookup, read locks and the session).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Literal
+
+from pydantic import Field
+
+from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.registry import register
+from chaos.workload.client import Cancel
+
+__all__ = ["CancelParams", "CancelFault", "aborted_in_window"]
+
+
+class CancelParams(FaultParams):
+    kind: Literal["cancel"]
+    mode: Literal["after_first_token", "after_ms", "random"] = Field(
+        default="after_first_token",
+        description="when a picked request is aborted: after its first token (streamed; "
+        "non-streamed requests fall back to after_ms), after_ms milliseconds after it was sent, or "
+        "at a random point",
+    )
+    after_ms: float = Field(
+        default=50.0, ge=0.0,
+        description="milliseconds after sending at which to abort (mode after_ms, and non-streamed "
+        "requests in the other modes; the upper bound of the random point in mode random)",
+    )
+    probability: float = Field(
+        default=1.0, ge=0.0, le=1.0,
+        description="chance 0..1 that a request started in the window is aborted (seeded)",
+    )
+    storm: bool = Field(
+        default=False, description="abort every request started in the window, whatever probability says"
+    )
+
+
+def aborted_in_window(ops: list[Any], start: float, end: float, also: set[str] | None = None) -> list[str]:
+    """Request ids aborted on purpose whose invoke falls in ``[start, end]`` (history seconds).
+
+    Args:
+        ops: history ops (chaos.history.Op), in order.
+        start, end: the window, in history seconds.
+        also: ids counted whatever their invoke time (requests the fault picked just as the
+            window closed are recorded a moment after it).
+    """
+    also = also or set()
+    invoked: dict[str, float] = {}
+    out = []
+    for op in ops:
+        if op.f != "complete" or op.request_id is None:
+            continue
+        if op.type == "invoke":
+            invoked[op.request_id] = op.time
+        elif op.type == "info" and op.value.get("aborted"):
+            t = invoked.get(op.request_id)
+            if op.request_id in also or (t is not None and start <= t <= end):
+                out.append(op.request_id)
+    return out
+
+
+@register("cancel")
+class CancelFault(Fault):
+    """Open a window at apply, close it at heal; in between, pick requests to abort."""
+
+    params_model = CancelParams
+    params: CancelParams
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._lock = threading.Lock()
+        self._open = False
+        self._opened_at: float | None = None
+        self._closed_at: float | None = None
+        self._seen = 0
+        self._picked: list[str] = []
+
+    def _now(self, ctx: FaultContext) -> float | None:
+        return ctx.history.now() if ctx.history is not None else None
+
+    def apply(self, ctx: FaultContext) -> dict[str, Any]:
+        """Open the cancel window (the history clock time is recorded for the evidence)."""
+        with self._lock:
+            self._open = True
+            self._opened_at = self._now(ctx)
+        return {"window": "open", "mode": self.params.mode, "storm": self.params.storm}
+
+    def heal(self, ctx: FaultContext) -> dict[str, Any]:
+        """Close the window; requests already told to abort still do."""
+        with self._lock:
+            was_open = self._open
+            self._open = False
+            if was_open:
+                self._closed_at = self._now(ctx)
+        return {"window": "closed", "requests_seen": self._seen, "aborts_picked": len(self._picked)}
+
+    def cancel_for(self, plan: Any, ctx: FaultContext) -> Cancel | None:
+        """The Cancel for a request about to start (a ``chaos.workload.generator.TurnPlan``),
+        or None when the window is closed or the request is not picked."""
+        p = self.params
+        with self._lock:
+            if not self._open:
+                return None
+            self._seen += 1
+            if not p.storm and ctx.rng.random() >= p.probability:
+                return None
+            self._picked.append(plan.request_id)
+            mode = p.mode
+            if mode == "random":
+                if plan.stream and ctx.rng.random() < 0.5:
+                    return Cancel(after_first_token=True)
+                return Cancel(after_ms=ctx.rng.uniform(0.0, p.after_ms))
+        if mode == "after_first_token" and plan.stream:
+            return Cancel(after_first_token=True)
+        return Cancel(after_ms=p.after_ms)
+
+    def evidence(self, ctx: FaultContext) -> dict[str, Any]:
+        """Bit when the history holds at least one request aborted on purpose that was invoked
+        while the window was open."""
+        if ctx.history is None or self._opened_at is None:
+            return {"bit": False, "aborted": 0, "reason": "no history to read"}
+        end = self._closed_at if self._closed_at is not None else ctx.history.now()
+        ids = aborted_in_window(ctx.history.ops, self._opened_at, end, set(self._picked))
+        out: dict[str, Any] = {"bit": bool(ids), "aborted": len(ids), "picked": len(self._picked),
+                               "requests_seen": self._seen, "window_s": [self._opened_at, end],
+                               "aborted_ids": ids[:50]}
+        if not ids:
+            out["reason"] = ("no request started while the window was open" if not self._seen
+                             else f"no request was picked (probability {self.params.probability:g})"
+                             if not self._picked else "no picked request was aborted (they finished first)")
+        return out

@@ -1,0 +1,185 @@
+"""kill: a service's process dies (SIGKILL: a node crash or OOM kill; SIGTERM: an orderly stop).
+
+    apply ── stack.kill(service, signal) ── wait until the stack sees it exited
+                │
+                └─ restart_after given: a timer starts the service again that long after the
+                   kill and waits for its health check
+    heal  ── the service is started again (if it is not running yet) and waited healthy
+
+The stack records the exit as expected (``stack.exits``, ``expected=True``), so the liveness
+check does not count it as an unexplained death. Field reports: F5 (the engine's worker died),
+F11 (the remote cache server restarted and clients never reconnected).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Literal
+
+from pydantic import Field
+
+from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.registry import register
+from chaos.scenario.duration import PositiveDuration
+
+__all__ = ["KillParams", "Kill", "wait_exited", "require_stack"]
+
+#: How long apply waits for the stack to report the service exited after SIGKILL (s). After
+#: SIGTERM it waits the service's ``stop_grace_period`` (compose: how long a graceful stop may
+#: take), at least 1 s.
+EXIT_WAIT_S = 10.0
+
+
+class KillParams(FaultParams):
+    kind: Literal["kill"]
+    service: str = Field(min_length=1, description="the compose service whose processes are signalled")
+    signal: Literal["SIGKILL", "SIGTERM"] = Field(
+        default="SIGKILL", description="SIGKILL (default: a crash, no cleanup) or SIGTERM (a graceful stop)"
+    )
+    restart_after: PositiveDuration | None = Field(
+        default=None,
+        description="start the service again this long after the kill and wait until it is healthy; "
+        "when omitted, heal starts it again",
+    )
+
+    def stack_refs(self) -> dict[str, str]:
+        return {"service": self.service}
+
+
+def wait_exited(stack: Any, service: str, timeout_s: float) -> tuple[bool, int | None]:
+    """Poll ``stack.status()`` until ``service`` is in state ``exited``.
+
+    Returns:
+        (exited, returncode); returncode is None when unknown.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = stack.status().get(service)
+        if st is not None and st.state == "exited":
+            return True, st.returncode
+        if time.monotonic() >= deadline:
+            return False, None
+        time.sleep(0.05)
+
+
+@register("kill")
+class Kill(Fault):
+    """Signal the service; start it again after ``restart_after`` or at heal."""
+
+    params_model = KillParams
+    params: KillParams
+
+    def __init__(self, params: FaultParams) -> None:
+        super().__init__(params)
+        self._lock = threading.Lock()
+        self._applied = False
+        self._killed_at: float | None = None
+        self._exited = False
+        self._returncode: int | None = None
+        self._old_pid: int | None = None
+        self._new_pid: int | None = None
+        self._restarted_at: float | None = None
+        self._restart_error: str | None = None
+        self._restarted_by: str | None = None
+        self._timer: threading.Timer | None = None
+        self._exits_before = 0
+
+    def apply(self, ctx: FaultContext) -> dict[str, Any]:
+        """Send the signal and wait until the stack reports the exit (SIGKILL: up to 10 s;
+        SIGTERM: up to the service's ``stop_grace_period``).
+
+        Raises:
+            RuntimeError: no stack in the context; StackError: unknown or not-started service.
+        """
+        stack = require_stack(ctx)
+        p = self.params
+        before = stack.status().get(p.service)
+        self._old_pid = before.pid if before is not None else None
+        self._exits_before = len(stack.exits)
+        self._applied = True
+        self._killed_at = time.monotonic()
+        stack.kill(p.service, p.signal)
+        wait_s = EXIT_WAIT_S
+        if p.signal == "SIGTERM":
+            svc = stack.spec.services.get(p.service)
+            wait_s = max(1.0, svc.stop_grace_period if svc is not None else EXIT_WAIT_S)
+        self._exited, self._returncode = wait_exited(stack, p.service, wait_s)
+        if self._exited:
+            # Settle the stack's books for the dead process: end what is left of its process
+            # group (children that outlive the leader) and close its journal entry. LocalStack
+            # only does this itself when the group is gone by the time kill() returns.
+            stack.stop(p.service)
+        if p.restart_after is not None:
+            delay = max(0.0, p.restart_after - (time.monotonic() - self._killed_at))
+            self._timer = threading.Timer(delay, self._restart, args=(stack, "timer"))
+            self._timer.daemon = True
+            self._timer.start()
+        return {"service": p.service, "signal": p.signal, "pid": self._old_pid, "exited": self._exited,
+                "returncode": self._returncode, "restart_after_s": p.restart_after}
+
+    def _restart(self, stack: Any, by: str) -> None:
+        with self._lock:
+            if self._restarted_at is not None:
+                return
+            try:
+                st = stack.status().get(self.params.service)
+                if st is None or st.state != "running":
+                    stack.start(self.params.service, wait=True)
+                self._restarted_by = by
+            except Exception as exc:  # reported by heal (timer) or raised (heal)
+                self._restart_error = f"{type(exc).__name__}: {exc}"
+                if by == "heal":
+                    raise
+            finally:
+                self._restarted_at = time.monotonic()
+            now = stack.status().get(self.params.service)
+            self._new_pid = now.pid if now is not None else None
+
+    def heal(self, ctx: FaultContext) -> dict[str, Any]:
+        """Start the service again (if the timer has not) and wait for its health check.
+
+        Raises:
+            StackError: the service did not come back healthy.
+        """
+        if not self._applied or ctx.stack is None:
+            return {"service": self.params.service, "restarted": False, "reason": "not applied here"}
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()  # not fired yet: heal restarts now; fired: join waits for it
+            timer.join()
+        if self._restart_error is not None and self._restarted_by is None:
+            # The timer's restart failed; try once more now, so heal leaves the stack whole.
+            self._restarted_at = None
+        self._restart(ctx.stack, "heal")
+        down_s = (self._restarted_at - self._killed_at) if self._killed_at and self._restarted_at else None
+        return {"service": self.params.service, "restarted": True, "restarted_by": self._restarted_by,
+                "pid": self._new_pid, "down_s": down_s, "timer_error": self._restart_error}
+
+    def evidence(self, ctx: FaultContext) -> dict[str, Any]:
+        """Bit when the stack saw the service's process exit after the kill, recorded as an
+        exit kvchaos caused (``stack.exits[...].expected``)."""
+        p = self.params
+        exits = []
+        if ctx.stack is not None:
+            exits = [e for e in ctx.stack.exits[self._exits_before:] if e.service == p.service]
+        expected = any(e.expected for e in exits)
+        bit = bool(self._exited and expected)
+        out: dict[str, Any] = {"bit": bit, "service": p.service, "signal": p.signal, "exited": self._exited,
+                               "returncode": self._returncode, "exit_recorded_as_expected": expected,
+                               "old_pid": self._old_pid, "new_pid": self._new_pid}
+        if not bit:
+            out["reason"] = ("the process did not exit (it may handle SIGTERM without exiting)"
+                             if not self._exited else "the stack recorded no expected exit")
+        return out
+
+
+def require_stack(ctx: FaultContext) -> Any:
+    """The context's running stack.
+
+    Raises:
+        RuntimeError: the context has none (e.g. ``kvchaos cleanup`` healing without a stack).
+    """
+    if ctx.stack is None:
+        raise RuntimeError("process faults need the running stack (FaultContext.stack is None)")
+    return ctx.stack

@@ -1,0 +1,186 @@
+"""cancel: through the runner's Nemesis and the real workload client, against a small real HTTP
+server that answers /v1/completions slowly (streamed: one token per 50 ms; not streamed: after
+300 ms), so the client has time to abort."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from chaos.faults.base import FaultContext
+from chaos.faults.registry import build_fault
+from chaos.history import HistoryWriter
+from chaos.journal import Journal
+from chaos.runner.run import Nemesis
+from chaos.scenario.model import Scenario
+from chaos.workload.client import Cancel, CompletionClient
+from chaos.workload.driver import run_conversations
+from chaos.workload.generator import plan_phase
+
+TOKEN_S = 0.05
+UNSTREAMED_S = 0.3
+
+
+class SlowEngine(BaseHTTPRequestHandler):
+    """A slow completions endpoint in the engine's wire format (docs/architecture.md section 2)."""
+
+    protocol_version = "HTTP/1.1"
+    disconnects = 0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt, n = body["prompt"], body["max_tokens"]
+        tokens = [(sum(prompt) + i) % 256 for i in range(n)]
+        rid = self.headers.get("X-Request-Id", "x")
+        final = {"id": f"cmpl-{rid}", "object": "text_completion", "model": "m",
+                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}}
+        try:
+            if not body.get("stream"):
+                time.sleep(UNSTREAMED_S)
+                data = json.dumps({**final, "choices": [{"index": 0, "text": "", "token_ids": tokens,
+                                                         "finish_reason": "length"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i, t in enumerate(tokens):
+                event = {**final, "choices": [{"index": 0, "text": "", "token_ids": [t],
+                                               "finish_reason": "length" if i == n - 1 else None}]}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(TOKEN_S)
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            type(self).disconnects += 1
+
+
+@pytest.fixture(scope="module")
+def engine_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowEngine)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def scenario(stream: bool | float, **fault_fields) -> Scenario:
+    return Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "seed": 5,
+         "workload": {"families": 2, "prefix_tokens": [8], "suffix_tokens": 4, "requests": 8,
+                      "concurrency": 4, "max_tokens": 8, "stream": stream},
+         "phases": [{"name": "p", "faults": [{"kind": "cancel", "until": "end", **fault_fields}]}],
+         "checks": {"evidence": {}}},
+        context={"check_paths": False},
+    )
+
+
+def run_window(engine_url: str, sc: Scenario, before: int = 2, after: int = 2):
+    """Requests before the window, in it (fault applied through a Nemesis), and after it.
+
+    Returns (history ops, the fault, the heal op's value)."""
+    history = HistoryWriter(None)
+    journal = Journal(f"cancel-test-{uuid.uuid4().hex[:8]}")
+    ctx = FaultContext(history=history, rng=random.Random(sc.seed), phase="p")
+    nemesis = Nemesis(ctx, history, journal, None)
+    flt = build_fault(sc.phases[0].faults[0])
+
+    async def go() -> None:
+        async with CompletionClient(engine_url, history=history) as client:
+            w = sc.workload
+            if before:
+                await run_conversations(client, plan_phase(w, sc.seed, "before", before), phase="before",
+                                        concurrency=w.concurrency, cancel_for=nemesis.cancel_for)
+            await asyncio.to_thread(nemesis.apply, flt, "p")
+            await run_conversations(client, plan_phase(w, sc.seed, "p"), phase="p",
+                                    concurrency=w.concurrency, cancel_for=nemesis.cancel_for)
+            await asyncio.to_thread(nemesis.heal, nemesis.applied[0])
+            if after:
+                await run_conversations(client, plan_phase(w, sc.seed, "after", after), phase="after",
+                                        concurrency=w.concurrency, cancel_for=nemesis.cancel_for)
+
+    asyncio.run(go())
+    ops = history.ops
+    (healed,) = [o for o in ops if o.f == "heal" and o.type == "ok"]
+    assert journal.open_entries() == []  # the fault entry was removed at heal
+    journal.close()
+    return ops, flt, healed.value
+
+
+def outcomes(ops, phase: str):
+    return [o for o in ops if o.f == "complete" and o.type != "invoke" and o.phase == phase]
+
+
+def test_storm_after_first_token_aborts_every_streamed_request(engine_url):
+    ops, _flt, healed = run_window(engine_url, scenario(True, storm=True, probability=0.0))
+    inside = outcomes(ops, "p")
+    assert len(inside) == 8
+    assert all(o.type == "info" and o.value["aborted"] and len(o.value["token_ids"]) == 1 for o in inside)
+    assert all(o.type == "ok" for o in outcomes(ops, "before") + outcomes(ops, "after"))
+    ev = healed["evidence"]
+    assert ev["bit"] is True and ev["aborted"] == 8 and ev["picked"] == 8
+
+
+def test_unstreamed_requests_fall_back_to_after_ms(engine_url):
+    ops, _flt, healed = run_window(engine_url, scenario(False, mode="after_first_token", after_ms=50),
+                                   before=0, after=0)
+    inside = outcomes(ops, "p")
+    assert all(o.value["aborted"] and o.value["error"] == "aborted by client after 50 ms" for o in inside)
+    assert all(o.value["latency_s"] < UNSTREAMED_S for o in inside)
+    assert healed["evidence"]["aborted"] == 8
+
+
+def test_probability_picks_a_seeded_subset(engine_url):
+    ops, flt, healed = run_window(engine_url, scenario(0.5, mode="random", probability=0.5, after_ms=40))
+    ev = healed["evidence"]
+    aborted = {o.request_id for o in outcomes(ops, "p") if o.value.get("aborted")}
+    assert 0 < len(aborted) < 8
+    assert ev["bit"] is True and set(ev["aborted_ids"]) == aborted == set(flt._picked)
+    # same seed, same picks
+    _ops2, flt2, _h2 = run_window(engine_url, scenario(0.5, mode="random", probability=0.5, after_ms=40))
+    assert flt2._picked == flt._picked
+
+
+def test_a_window_that_aborted_nothing_did_not_bite(engine_url):
+    ops, _flt, healed = run_window(engine_url, scenario(False, mode="after_ms", probability=0.0), before=0, after=0)
+    assert all(o.type == "ok" for o in outcomes(ops, "p"))
+    ev = healed["evidence"]
+    assert ev["bit"] is False and ev["aborted"] == 0 and ev["reason"] == "no request was picked (probability 0)"
+
+
+def test_cancel_for_outside_the_window_is_none():
+    sc = scenario(True, mode="after_ms", after_ms=10)
+    flt = build_fault(sc.phases[0].faults[0])
+    ctx = FaultContext(history=HistoryWriter(None))
+    plan = plan_phase(sc.workload, sc.seed, "p", 1)[0].turns[0]
+    assert flt.cancel_for(plan, ctx) is None
+    flt.apply(ctx)
+    assert flt.cancel_for(plan, ctx) == Cancel(after_ms=10)
+    flt.heal(ctx)
+    assert flt.cancel_for(plan, ctx) is None
+
+
+def test_picked_requests_that_finish_first_did_not_bite(engine_url):
+    ops, _flt, healed = run_window(engine_url, scenario(False, mode="after_ms", after_ms=5000), before=0, after=0)
+    assert all(o.type == "ok" for o in outcomes(ops, "p"))
+    ev = healed["evidence"]
+    assert ev["bit"] is False and ev["picked"] == 8 and "finished first" in ev["reason"]

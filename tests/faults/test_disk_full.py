@@ -1,0 +1,150 @@
+"""disk_full: the size-capped tmpfs of a LocalStack is filled to ENOSPC and emptied again; with a
+real LMCache server on it, LMCache's own counters show the failed L2 stores."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.faults.base import FaultContext
+from chaos.faults.registry import build_fault
+from chaos.journal import open_entries
+from chaos.scenario.model import Scenario
+from chaos.stack.local import LocalStack
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting the L2 tmpfs needs root")
+
+SMALL = """
+services:
+  idle:
+    command: [sleep, "300"]
+    stop_signal: SIGKILL
+x-kvchaos:
+  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
+  l2_fs_size: 2m
+"""
+
+UNCAPPED = SMALL.replace("  l2_fs_size: 2m\n", "")
+
+LMCACHE = """
+services:
+  lmcache:
+    command: [lmcache, server, --host, 127.0.0.1, --port, "${LMCACHE_PORT:-0}",
+              --http-host, 127.0.0.1, --http-port, "${LMCACHE_HTTP_PORT:-0}",
+              --prometheus-port, "${LMCACHE_PROMETHEUS_PORT:-0}",
+              --chunk-size, "256", --l1-size-gb, "0.2", --eviction-policy, LRU,
+              --supported-transfer-mode, auto,
+              --l2-adapter, '{"type": "fs", "base_path": "${KVCHAOS_RUN_DIR}/l2fs"}']
+    healthcheck:
+      test: [CMD, kvchaos, probe, "http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}/healthcheck"]
+      interval: 500ms
+      retries: 120
+    stop_grace_period: 5s
+x-kvchaos:
+  lmcache: lmcache
+  lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
+  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
+  l2_fs_size: 16m
+"""
+
+
+def fault(kind: str, **fields):
+    item = {"kind": kind, "duration": 5, **fields}
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
+         "checks": {"evidence": {}}},
+        context={"check_paths": False},
+    )
+    return build_fault(s.phases[0].faults[0])
+
+
+def make_stack(tmp_path: Path, text: str) -> LocalStack:
+    f = tmp_path / "stack.yml"
+    f.write_text(text)
+    return LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+
+
+@needs_root
+@pytest.mark.slow
+def test_fills_the_mount_to_enospc_and_heal_empties_it(tmp_path):
+    stack = make_stack(tmp_path, SMALL)
+    with stack:
+        l2 = Path(stack.settings.l2_fs_path)
+        assert os.path.ismount(l2)
+        f = fault("disk_full")
+        ctx = FaultContext(stack=stack)
+        applied = f.apply(ctx)
+        ballast = Path(applied["ballast"])
+        assert ballast.parent == l2 and ballast.stat().st_size >= 1 << 20
+        assert applied["free_bytes"] < 4096
+        # the ballast is journalled before it is written
+        assert {"file"} <= {e["kind"] for e in open_entries(stack.journal.path)}
+        with pytest.raises(OSError) as err:
+            (l2 / "x.data").write_bytes(b"\0" * 8192)
+        assert err.value.errno == errno.ENOSPC
+        (l2 / "x.data").unlink(missing_ok=True)
+        healed = f.heal(ctx)
+        assert healed["removed"] is True and not ballast.exists()
+        assert not any(e["kind"] == "file" for e in open_entries(stack.journal.path))
+        ev = f.evidence(ctx)
+        # no LMCache in this stack: the filesystem fallback, and it says so
+        assert ev["bit"] is True and ev["source"].startswith("filesystem (the stack has no x-kvchaos.lmcache_http")
+        (l2 / "y.data").write_bytes(b"\0" * 8192)  # room again
+    assert open_entries(stack.journal.path) == []
+    assert not os.path.ismount(l2)
+
+
+@pytest.mark.slow
+def test_refuses_a_folder_that_is_not_a_capped_mount(tmp_path):
+    stack = make_stack(tmp_path, UNCAPPED)
+    with stack:
+        Path(stack.settings.l2_fs_path).mkdir(parents=True)  # as LMCache's fs adapter makes it
+        f = fault("disk_full")
+        ctx = FaultContext(stack=stack)
+        with pytest.raises(RuntimeError, match="not a size-capped mount: set x-kvchaos.l2_fs_size"):
+            f.apply(ctx)
+        assert f.heal(ctx)["removed"] is False
+        assert list(Path(stack.settings.l2_fs_path).iterdir()) == []
+    assert open_entries(stack.journal.path) == []
+
+
+def test_needs_a_filesystem_l2(tmp_path):
+    stack = make_stack(tmp_path, "services:\n  idle: {command: [sleep, '1']}\n")
+    with pytest.raises(RuntimeError, match="x-kvchaos.l2_fs_path"):
+        fault("disk_full").apply(FaultContext(stack=stack))
+
+
+def _bench(stack: LocalStack, start: int, end: int) -> subprocess.CompletedProcess:
+    lmcache = Path(sys.executable).with_name("lmcache")
+    return subprocess.run(
+        [str(lmcache), "bench", "server", "--rpc-url", f"tcp://127.0.0.1:{stack.env['LMCACHE_PORT']}",
+         "--url", stack.settings.lmcache_http, "--mode", "cpu", "--num-tokens", "512",
+         "--start", str(start), "--end", str(end), "--kvcache-shape-spec", "(2,64,16,4,64):float32:4"],
+        capture_output=True, text=True, timeout=120)
+
+
+@needs_root
+@pytest.mark.slow
+def test_lmcache_counts_the_l2_stores_that_failed(tmp_path):
+    stack = make_stack(tmp_path, LMCACHE)
+    with stack:
+        f = fault("disk_full")
+        ctx = FaultContext(stack=stack)
+        f.apply(ctx)
+        r = _bench(stack, 0, 2)  # stores 2 requests x 2 chunks of 2 MiB through LMCache's CPU path
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        f.heal(ctx)
+        ev = f.evidence(ctx)
+        assert ev["source"] == "lmcache /metrics", ev
+        assert ev["bit"] is True and ev["failed_store_chunks"] > 0 and ev["stored_chunks"] == 0, ev
+        data = [p for p in Path(stack.settings.l2_fs_path).iterdir()]
+        assert data == []  # nothing stored, no ballast, no temp file left behind
+        # with the ballast gone, stores succeed again
+        assert _bench(stack, 10, 11).returncode == 0
+        assert any(p.suffix == ".data" for p in Path(stack.settings.l2_fs_path).iterdir())
+    assert open_entries(stack.journal.path) == []

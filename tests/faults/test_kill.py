@@ -1,0 +1,150 @@
+"""kill: real processes under LocalStack are signalled, seen exiting, and started again."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chaos.faults.base import FaultContext
+from chaos.faults.registry import build_fault
+from chaos.journal import open_entries
+from chaos.scenario.model import Scenario
+from chaos.stack.local import LocalStack
+
+STACK = """
+x-kvchaos:
+  engine: web
+services:
+  web:
+    command: [python, -m, http.server, "${WEB_PORT:-0}", --bind, 127.0.0.1]
+    healthcheck:
+      test: [CMD, kvchaos, probe, "http://127.0.0.1:${WEB_PORT:-0}/"]
+      interval: 100ms
+      retries: 100
+    stop_grace_period: 2s
+  stubborn:
+    # Ignores SIGTERM, as a server wedged in shutdown does.
+    command: [python, -c, "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"]
+    stop_grace_period: 1s
+"""
+
+
+def fault(kind: str, **fields):
+    """Validate through the scenario model, as a YAML fault would be."""
+    item = {"kind": kind, "duration": 5, **fields}
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
+         "checks": {"evidence": {}}},
+        context={"check_paths": False},
+    )
+    return build_fault(s.phases[0].faults[0])
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    f = tmp_path / "stack.yml"
+    f.write_text(STACK)
+    st = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    st.up()
+    try:
+        yield st
+    finally:
+        st.down()
+        assert open_entries(st.journal.path) == []
+        assert not any(p.group_alive() for p in st._procs.values())
+
+
+def web_answers(stack: LocalStack) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{stack.env['WEB_PORT']}/", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigkill_then_heal_starts_it_again(stack):
+    f = fault("kill", service="web")
+    ctx = FaultContext(stack=stack)
+    old_pid = stack.status()["web"].pid
+    applied = f.apply(ctx)
+    assert applied["exited"] is True and applied["returncode"] == -9
+    assert stack.status()["web"].state == "exited"
+    assert not web_answers(stack)
+    healed = f.heal(ctx)
+    assert healed["restarted"] and healed["restarted_by"] == "heal"
+    assert stack.status()["web"].state == "running" and healed["pid"] != old_pid
+    assert web_answers(stack)
+    ev = f.evidence(ctx)
+    assert ev["bit"] is True and ev["exit_recorded_as_expected"] is True
+    assert stack.unexpected_exits() == []
+    # only the new web process is still journalled (plus the untouched stubborn one)
+    keys = {e["key"] for e in open_entries(stack.journal.path)}
+    assert f"web:{old_pid}" not in keys and f"web:{healed['pid']}" in keys
+
+
+@pytest.mark.slow
+def test_restart_after_brings_it_back_before_heal(stack):
+    f = fault("kill", service="web", restart_after="300ms")
+    ctx = FaultContext(stack=stack)
+    f.apply(ctx)
+    deadline = time.monotonic() + 15
+    while not web_answers(stack) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert web_answers(stack), "the timer did not restart the service"
+    healed = f.heal(ctx)
+    assert healed["restarted_by"] == "timer" and healed["timer_error"] is None
+    assert healed["down_s"] >= 0.3
+    assert f.evidence(ctx)["bit"] is True
+
+
+@pytest.mark.slow
+def test_sigterm_that_is_ignored_did_not_bite(stack):
+    f = fault("kill", service="stubborn", signal="SIGTERM")
+    ctx = FaultContext(stack=stack)
+    applied = f.apply(ctx)
+    assert applied["exited"] is False
+    assert stack.status()["stubborn"].state == "running"
+    f.heal(ctx)
+    ev = f.evidence(ctx)
+    assert ev["bit"] is False and "SIGTERM" in ev["reason"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_service_that_honours_it(stack):
+    f = fault("kill", service="web", signal="SIGTERM")
+    ctx = FaultContext(stack=stack)
+    assert f.apply(ctx)["exited"] is True
+    f.heal(ctx)
+    assert f.evidence(ctx)["bit"] is True and web_answers(stack)
+
+
+def test_heal_without_a_stack_is_harmless():
+    # `kvchaos cleanup` heals faults with no stack; the processes are ended from the journal.
+    f = fault("kill", service="web")
+    assert f.heal(FaultContext(stack=None))["restarted"] is False
+    assert f.evidence(FaultContext(stack=None))["bit"] is False
+
+
+def test_service_must_exist_in_the_stack(tmp_path):
+    from chaos.scenario.loader import validate_against_stack
+    from chaos.yamlsource import ConfigError
+
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "checks": {"evidence": {}},
+         "phases": [{"name": "p", "faults": [{"kind": "kill", "service": "lmcach", "duration": 1}]}]},
+        context={"check_paths": False})
+    with pytest.raises(ConfigError, match="unknown service 'lmcach'"):
+        validate_against_stack(s, [], ["lmcache", "engine"])
+    validate_against_stack(s.model_copy(), [], None)  # no service list: not checked
+
+
+def test_signal_is_sigkill_or_sigterm():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        fault("kill", service="web", signal="SIGHUP")
+    assert fault("kill", service="web").params.signal == "SIGKILL"

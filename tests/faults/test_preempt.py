@@ -1,0 +1,207 @@
+"""preempt: the HTTP side against a small real server with the engine's two routes
+(``POST /hooks/preempt``, ``GET /metrics`` with ``vllm:num_preemptions_total``), and, marked
+slow, against the reference engine itself (``kvchaos engine serve``) under LocalStack."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chaos.faults.base import FaultContext
+from chaos.faults.registry import build_fault
+from chaos.journal import open_entries
+from chaos.scenario.model import Scenario
+from chaos.stack.local import LocalStack
+
+
+class HookServer(BaseHTTPRequestHandler):
+    """Running requests r0..rN-1; preempting one puts it back to waiting (counted)."""
+
+    protocol_version = "HTTP/1.1"
+    running: list[str] = []
+    preemptions = 0
+    bodies: list[dict] = []
+    lock = threading.Lock()
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, code: int, data: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path != "/hooks/preempt":
+            return self._send(404, b"{}", "application/json")
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.bodies.append(body)
+            rid = body["request_id"]
+            ids = list(cls.running) if rid == "all" else cls.running[-1:] if rid == "newest" else \
+                [r for r in cls.running if r == rid]
+            cls.preemptions += len(ids)
+        self._send(200, json.dumps({"preempted": ids}).encode(), "application/json")
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path != "/metrics":
+            return self._send(404, b"", "text/plain")
+        text = ("# HELP vllm:num_preemptions_total Cumulative number of preemptions.\n"
+                "# TYPE vllm:num_preemptions_total counter\n"
+                f'vllm:num_preemptions_total{{model_name="kvchaos-ref"}} {float(type(self).preemptions)}\n')
+        self._send(200, text.encode(), "text/plain; version=0.0.4")
+
+
+@pytest.fixture
+def server():
+    HookServer.running, HookServer.preemptions, HookServer.bodies = [], 0, []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), HookServer)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+STACK = """
+services:
+  engine: {command: [sleep, "1"]}
+x-kvchaos:
+  engine: engine
+  engine_url: http://127.0.0.1:${ENGINE_PORT:-0}
+"""
+
+
+def fault(kind: str, **fields):
+    item = {"kind": kind, "duration": 5, **fields}
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
+         "checks": {"evidence": {}}},
+        context={"check_paths": False},
+    )
+    return build_fault(s.phases[0].faults[0])
+
+
+def stack_for(tmp_path: Path, port: int, text: str = STACK) -> LocalStack:
+    f = tmp_path / "stack.yml"
+    f.write_text(text)
+    return LocalStack(f, run_dir=tmp_path / "run", environ={**os.environ, "ENGINE_PORT": str(port)})
+
+
+def test_calls_the_hook_every_interval_until_heal(server, tmp_path):
+    HookServer.running = ["r0", "r1", "r2"]
+    f = fault("preempt", target="all", interval="100ms")
+    ctx = FaultContext(stack=stack_for(tmp_path, server))
+    applied = f.apply(ctx)
+    assert applied["hook"] == f"http://127.0.0.1:{server}/hooks/preempt"
+    time.sleep(0.45)
+    healed = f.heal(ctx)
+    calls = len(HookServer.bodies)
+    assert 4 <= healed["calls"] == calls <= 6
+    assert all(b == {"request_id": "all"} for b in HookServer.bodies)
+    time.sleep(0.25)
+    assert len(HookServer.bodies) == calls  # stopped at heal
+    ev = f.evidence(ctx)
+    assert ev["bit"] is True and ev["preemptions"] == 3 * calls and ev["errors"] == 0
+
+
+def test_newest_preempts_one_per_call(server, tmp_path):
+    HookServer.running = ["r0", "r1"]
+    f = fault("preempt", interval="10s")
+    ctx = FaultContext(stack=stack_for(tmp_path, server))
+    f.apply(ctx)
+    time.sleep(0.2)
+    f.heal(ctx)
+    assert HookServer.bodies == [{"request_id": "newest"}]
+    ev = f.evidence(ctx)
+    assert ev == {"bit": True, "preemptions": 1.0, "calls": 1, "preempted_ids": ["r1"], "errors": 0}
+
+
+def test_nothing_running_did_not_bite(server, tmp_path):
+    f = fault("preempt", interval="50ms")
+    ctx = FaultContext(stack=stack_for(tmp_path, server))
+    f.apply(ctx)
+    time.sleep(0.2)
+    f.heal(ctx)
+    ev = f.evidence(ctx)
+    assert ev["bit"] is False and ev["preemptions"] == 0 and "no request was running" in ev["reason"]
+
+
+def test_engine_down_fails_apply_and_heal_is_safe(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = fault("preempt")
+    ctx = FaultContext(stack=stack_for(tmp_path, port))
+    with pytest.raises(httpx.ConnectError):
+        f.apply(ctx)
+    assert f.heal(ctx)["calls"] == 0
+    assert f.evidence(ctx)["bit"] is False
+
+
+def test_needs_engine_url(tmp_path):
+    f = fault("preempt")
+    ctx = FaultContext(stack=stack_for(tmp_path, 1, "services:\n  x: {command: [sleep, '1']}\n"))
+    with pytest.raises(RuntimeError, match="x-kvchaos.engine_url"):
+        f.apply(ctx)
+
+
+ENGINE_STACK = """
+services:
+  engine:
+    command: [kvchaos, engine, serve, --port, "${ENGINE_PORT:-0}", --kv-connector, none,
+              --num-layers, "2", --hidden-size, "64", --num-heads, "2", --num-kv-heads, "1",
+              --intermediate-size, "128"]
+    healthcheck:
+      test: [CMD, kvchaos, probe, "http://127.0.0.1:${ENGINE_PORT:-0}/health"]
+      interval: 200ms
+      retries: 300
+    stop_grace_period: 5s
+x-kvchaos:
+  engine: engine
+  engine_url: http://127.0.0.1:${ENGINE_PORT:-0}
+"""
+
+
+@pytest.mark.slow
+def test_the_reference_engine_counts_the_preemptions(tmp_path):
+    f = tmp_path / "stack.yml"
+    f.write_text(ENGINE_STACK)
+    stack = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    with stack:
+        url = stack.settings.engine_url
+        results: list[dict] = []
+
+        def send(i: int) -> None:
+            r = httpx.post(f"{url}/v1/completions", timeout=120,
+                           json={"prompt": [(i * 7 + k) % 250 for k in range(40)], "max_tokens": 400})
+            results.append(r.json())
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        flt = fault("preempt", target="all", interval="200ms")
+        ctx = FaultContext(stack=stack)
+        flt.apply(ctx)
+        time.sleep(1.0)
+        flt.heal(ctx)
+        for t in threads:
+            t.join(120)
+        ev = flt.evidence(ctx)
+        assert ev["bit"] is True and ev["preemptions"] > 0, ev
+        # preempted requests resume and finish
+        assert [r["choices"][0]["finish_reason"] for r in results] == ["length"] * 3
+    assert open_entries(stack.journal.path) == []

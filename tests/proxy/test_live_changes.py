@@ -1,0 +1,179 @@
+"""Acceptance 3: toxics added, updated and removed while a connection streams.
+
+A client streams numbered random blocks through the proxy in one direction; the far end
+hashes what it receives. Toxics change mid-stream; at the end both hashes must match (no byte
+lost, duplicated or reordered) and the rate seen at the far end must follow the toxics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+POOL = os.urandom(1 << 20)
+BLOCK = 32 * 1024
+
+
+class Stream:
+    """Sends blocks on ``sock`` until stopped; hashes what it sent."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sent = hashlib.sha256()
+        self.stop = threading.Event()
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        try:
+            while not self.stop.is_set():
+                off = (i * 7919) % (len(POOL) - BLOCK)
+                block = i.to_bytes(8, "big") + POOL[off:off + BLOCK]
+                self.sock.sendall(block)
+                self.sent.update(block)
+                i += 1
+            self.sock.shutdown(socket.SHUT_WR)
+        except Exception as exc:  # surfaced by the test
+            self.error = exc
+
+
+class Sink:
+    """Reads ``sock`` to EOF, hashing and counting bytes (count readable live)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.got = hashlib.sha256()
+        self.count = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while data := self.sock.recv(1 << 20):
+            self.got.update(data)
+            self.count += len(data)
+
+    def rate(self, seconds: float) -> float:
+        """Bytes per second received over the next ``seconds``."""
+        start = self.count
+        time.sleep(seconds)
+        return (self.count - start) / seconds
+
+
+@pytest.fixture
+def upstream_stream(client, net):
+    """Client -> proxy -> sink upstream; yields (stream, sink)."""
+    sinks: list[Sink] = []
+    ready = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        sink = Sink(conn)
+        sinks.append(sink)
+        ready.set()
+        sink.thread.join()
+
+    up = net.Upstream(handle)
+    p = client.create_proxy("live", "127.0.0.1:0", up.address)
+    sock = net.connect(p.listen, timeout=30)
+    stream = Stream(sock)
+    assert ready.wait(5)
+    yield stream, sinks[0]
+    stream.stop.set()
+    up.close()
+
+
+@pytest.fixture
+def downstream_stream(client, net):
+    """Upstream server streams -> proxy -> client sink; yields (stream, sink)."""
+    streams: list[Stream] = []
+    ready = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        stream = Stream(conn)
+        streams.append(stream)
+        ready.set()
+        stream.thread.join()
+        conn.recv(1)
+
+    up = net.Upstream(handle)
+    p = client.create_proxy("live", "127.0.0.1:0", up.address)
+    sock = net.connect(p.listen, timeout=30)
+    sink = Sink(sock)
+    assert ready.wait(5)
+    yield streams[0], sink
+    streams[0].stop.set()
+    up.close()
+
+
+def finish(stream: Stream, sink: Sink) -> None:
+    stream.stop.set()
+    stream.thread.join(20)
+    sink.thread.join(30)
+    assert stream.error is None, stream.error
+    assert not sink.thread.is_alive(), "stream did not end"
+    assert sink.count > 0
+    assert sink.got.hexdigest() == stream.sent.hexdigest(), "bytes lost or reordered"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["upstream", "downstream"])
+def test_bandwidth_added_and_removed_mid_stream(client, request, direction):
+    stream, sink = request.getfixturevalue(f"{direction}_stream")
+    fast = sink.rate(0.3)
+    client.add_toxic("live", "bandwidth", {"rate": 300}, stream=direction)  # 300 KB/s
+    time.sleep(0.2)
+    limited = sink.rate(0.6)
+    assert 0.6 * 300e3 <= limited <= 1.4 * 300e3, limited
+    client.update_toxic("live", f"bandwidth_{direction}", {"rate": 900})
+    time.sleep(0.2)
+    assert 0.6 * 900e3 <= sink.rate(0.6) <= 1.4 * 900e3
+    client.remove_toxic("live", f"bandwidth_{direction}")
+    time.sleep(0.2)
+    restored = sink.rate(0.3)
+    assert restored > 20 * 900e3, (fast, restored)
+    assert restored > 0.2 * fast, (fast, restored)
+    finish(stream, sink)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["upstream", "downstream"])
+def test_every_change_keeps_every_byte(client, request, direction):
+    stream, sink = request.getfixturevalue(f"{direction}_stream")
+    time.sleep(0.1)
+    steps = [
+        lambda: client.add_toxic("live", "latency", {"latency": 50, "jitter": 10},
+                                 stream=direction),
+        lambda: client.add_toxic("live", "slicer", {"average_size": 2000, "size_variation": 500,
+                                                    "delay": 100}, stream=direction),
+        lambda: client.update_toxic("live", f"latency_{direction}", {"latency": 5}),
+        lambda: client.add_toxic("live", "bandwidth", {"rate": 2000}, stream=direction),
+        lambda: client.add_toxic("live", "slow_close", {"delay": 10}, stream=direction),
+        lambda: client.remove_toxic("live", f"slicer_{direction}"),
+        lambda: client.update_toxic("live", f"bandwidth_{direction}", {"rate": 0}),
+        lambda: client.remove_toxic("live", f"latency_{direction}"),
+        lambda: client.add_toxic("live", "latency", {"latency": 1000}, stream=direction),
+        lambda: client.remove_toxic("live", f"latency_{direction}"),  # releases held chunks
+        lambda: client.reset(),
+    ]
+    for step in steps:
+        step()
+        time.sleep(0.15)
+        assert stream.error is None
+    assert client.toxics("live") == []
+    before = sink.count
+    time.sleep(0.2)
+    assert sink.count - before > 5_000_000  # back on the fast path
+    finish(stream, sink)
+
+
+def test_other_direction_is_untouched(client, upstream_stream):
+    stream, sink = upstream_stream
+    client.add_toxic("live", "bandwidth", {"rate": 100}, stream="downstream")
+    assert sink.rate(0.3) > 10_000_000  # an upstream stream ignores a downstream toxic
+    finish(stream, sink)
