@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -55,7 +56,10 @@ def _heal_fault(entry: dict[str, Any]) -> str:
     import httpx
 
     try:
-        fault.heal(FaultContext(proxy=proxy, stack=None))
+        # The stack object is gone with the runner; its variables (ports) were journalled so a
+        # hook's ${VARS} still resolve.
+        stack = SimpleNamespace(env=dict(entry.get("stack_env") or {}), settings=None)
+        fault.heal(FaultContext(proxy=proxy, stack=stack))
     except httpx.ConnectError:
         # The proxy process is gone, and its toxics with it.
         return f"fault {entry['key']} ({entry['fault_kind']}): its proxy is gone, nothing to heal"

@@ -323,11 +323,28 @@ class EngineCore:
             return False
         req.lookup_status = outcome.status
         req.lookup_tokens = outcome.tokens
+        if outcome.status in ("timeout", "error"):
+            self._free_unknown_locks(req)
         if outcome.status == "timeout":
             self.metrics.inc("kvchaos_engine_lookup_timeouts_total")
         elif outcome.status == "error":
             self.metrics.inc("kvchaos_engine_lookup_errors_total")
         return True
+
+    def _free_unknown_locks(self, req: Request) -> None:
+        """Free whatever a lookup with an unknown outcome may have locked.
+
+        The server releases only the chunks its prefetch recorded as locked for this
+        session (lmcache ``LookupModule.free_lookup_locks``), so asking for the whole
+        looked-up range is safe; it must precede END_SESSION (sent in order, deferred
+        while the server is unhealthy).
+        """
+        conn = self.connector
+        if conn is None:
+            return
+        chunk = conn.chunk_size or self.config.prefill_segment
+        end = ((len(req.prompt) - 1) // chunk) * chunk
+        conn.free_locks(req.request_id, req.prompt, self._salt(req), 0, end)
 
     def _load_external(self, req: Request, local_hit: int) -> None:
         """Retrieve LMCache's chunks beyond the local hit into the request's blocks."""
@@ -552,6 +569,8 @@ class EngineCore:
             if outcome.tokens > 0:
                 self.connector.free_locks(req.request_id, req.prompt,  # type: ignore[union-attr]
                                           self._salt(req), 0, outcome.tokens)
+            elif outcome.status in ("timeout", "error"):
+                self._free_unknown_locks(req)
             self.connector.end_request(req.request_id)  # type: ignore[union-attr]
             self._aborting.remove(req)
             self.requests.pop(req.request_id, None)

@@ -32,6 +32,8 @@ __all__ = ["CancelParams", "CancelFault", "aborted_in_window"]
 
 
 class CancelParams(FaultParams):
+    """Clients abort requests started while the fault is active."""
+
     kind: Literal["cancel"]
     mode: Literal["after_first_token", "after_ms", "random"] = Field(
         default="after_first_token",

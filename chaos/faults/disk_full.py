@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from pydantic import Field
 
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
+from chaos.prometheus import scrape_counters
 
-__all__ = ["DiskFullParams", "DiskFull", "scrape_counters", "fill_until_enospc",
+__all__ = ["DiskFullParams", "DiskFull", "fill_until_enospc",
            "STORE_SUBMITTED", "STORE_COMPLETED", "LMCACHE_MARKER"]
 
 STORE_SUBMITTED = "lmcache_mp_l2_store_submitted_objects_chunks_total"
@@ -48,37 +47,6 @@ LMCACHE_MARKER = "lmcache_mp_l2_store_adapters"
 #: Write sizes for the ballast, largest first: big writes fill fast, the small ones take the
 #: last free pages of the tmpfs.
 _WRITE_SIZES = (1 << 20, 64 << 10, 4 << 10, 512, 1)
-
-
-def scrape_counters(url: str, names: list[str], *, labels: dict[str, str] | None = None,
-                    timeout_s: float = 5.0) -> dict[str, float | None]:
-    """Read Prometheus text from ``url`` and sum each named sample over its label sets.
-
-    Args:
-        url: a ``/metrics`` URL (Prometheus text exposition format).
-        names: sample names, e.g. ``vllm:num_preemptions_total`` (counters with ``_total``).
-        labels: only samples carrying these label values count.
-        timeout_s: HTTP timeout, seconds.
-
-    Returns:
-        ``{name: sum}``; None for a name with no sample.
-
-    Raises:
-        httpx.HTTPError: the endpoint did not answer with 2xx.
-        ValueError: the body is not Prometheus text.
-    """
-    r = httpx.get(url, timeout=timeout_s)
-    r.raise_for_status()
-    out: dict[str, float | None] = {n: None for n in names}
-    want = set(names)
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            if s.name not in want:
-                continue
-            if labels and any(s.labels.get(k) != v for k, v in labels.items()):
-                continue
-            out[s.name] = (out[s.name] or 0.0) + float(s.value)
-    return out
 
 
 def fill_until_enospc(path: Path) -> tuple[int, bool]:
@@ -114,6 +82,8 @@ def fill_until_enospc(path: Path) -> tuple[int, bool]:
 
 
 class DiskFullParams(FaultParams):
+    """Fill the stack's size-capped filesystem L2 to ENOSPC until heal (no fields of its own)."""
+
     kind: Literal["disk_full"]
 
 

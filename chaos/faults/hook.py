@@ -91,6 +91,8 @@ class HookEvidence(BaseModel):
 
 
 class HookParams(FaultParams):
+    """An HTTP call or a command at apply (and optionally at heal), with an optional evidence probe."""
+
     kind: Literal["hook"]
     service: str = Field(min_length=1, description="the compose service the hook acts on")
     apply: HookStep = Field(description="what to do at apply")

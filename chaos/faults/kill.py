@@ -32,6 +32,8 @@ EXIT_WAIT_S = 10.0
 
 
 class KillParams(FaultParams):
+    """Signal a service's processes; start it again after ``restart_after`` or at heal."""
+
     kind: Literal["kill"]
     service: str = Field(min_length=1, description="the compose service whose processes are signalled")
     signal: Literal["SIGKILL", "SIGTERM"] = Field(
@@ -126,7 +128,7 @@ class Kill(Fault):
                 st = stack.status().get(self.params.service)
                 if st is None or st.state != "running":
                     stack.start(self.params.service, wait=True)
-                self._restarted_by = by
+                    self._restarted_by = by
             except Exception as exc:  # reported by heal (timer) or raised (heal)
                 self._restart_error = f"{type(exc).__name__}: {exc}"
                 if by == "heal":
@@ -153,7 +155,8 @@ class Kill(Fault):
             self._restarted_at = None
         self._restart(ctx.stack, "heal")
         down_s = (self._restarted_at - self._killed_at) if self._killed_at and self._restarted_at else None
-        return {"service": self.params.service, "restarted": True, "restarted_by": self._restarted_by,
+        return {"service": self.params.service, "restarted": self._restarted_by is not None,
+                "restarted_by": self._restarted_by,
                 "pid": self._new_pid, "down_s": down_s, "timer_error": self._restart_error}
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:

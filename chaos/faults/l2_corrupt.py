@@ -31,7 +31,8 @@ import httpx
 from pydantic import Field, model_validator
 
 from chaos.faults.base import Fault, FaultContext, FaultParams
-from chaos.faults.disk_full import LMCACHE_MARKER, scrape_counters
+from chaos.faults.disk_full import LMCACHE_MARKER
+from chaos.prometheus import scrape_counters
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.scenario.duration import PositiveDuration
@@ -45,6 +46,8 @@ _FS_SUFFIX = ".data"
 
 
 class L2CorruptParams(FaultParams):
+    """Truncate, delete or bit-flip objects stored in the filesystem and/or Redis L2."""
+
     kind: Literal["l2_corrupt"]
     mode: Literal["truncate", "delete", "bitflip"] = Field(
         description="truncate: cut each object to half its bytes; delete: remove it; "
@@ -246,8 +249,11 @@ class L2Corrupt(Fault):
         s = stack.settings
         self._fs_path, url = self._targets(s)
         if url is not None:
-            import redis
-
+            try:
+                import redis
+            except ImportError:
+                raise RuntimeError("l2_corrupt on the Redis L2 needs the `redis` package "
+                                   "(pip install 'kvchaos[reference]')") from None
             self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
         self._metrics_url = f"{s.lmcache_http.rstrip('/')}/metrics" if s.lmcache_http else None
         self._failures_before = self._load_failures()

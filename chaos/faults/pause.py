@@ -25,6 +25,8 @@ __all__ = ["PauseParams", "Pause", "frozen_state"]
 
 
 class PauseParams(FaultParams):
+    """Freeze a service (SIGSTOP / docker pause) until heal."""
+
     kind: Literal["pause"]
     service: str = Field(min_length=1, description="the compose service to freeze")
 
@@ -55,8 +57,9 @@ def frozen_state(stack: Any, service: str) -> dict[str, Any]:
     Returns:
         ``{"state": <stack state>, "pids": n, "stopped": n, "frozen": bool}``: ``stopped`` counts
         the service's live processes psutil reports as ``stopped`` (SIGSTOP); ``frozen`` is True
-        when every one is stopped, or, where the processes are not visible here (a container in
-        another PID namespace), when the stack reports the state ``paused``.
+        when every one is stopped. Under the compose backend ``docker pause`` freezes the
+        container's cgroup, which psutil does not show as *stopped*; there the container state
+        the engine reports (``paused``) is the proof.
     """
     st = stack.status().get(service)
     if st is None or st.pid is None:
@@ -71,7 +74,10 @@ def frozen_state(stack: Any, service: str) -> dict[str, Any]:
         if s != psutil.STATUS_ZOMBIE:
             statuses.append(s)
     stopped = sum(s in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP) for s in statuses)
-    frozen = (stopped == len(statuses) > 0) if statuses else st.state == "paused"
+    if getattr(stack, "backend", "local") != "local":
+        frozen = st.state == "paused"
+    else:
+        frozen = stopped == len(statuses) > 0
     return {"state": st.state, "pids": len(statuses), "stopped": stopped, "frozen": frozen}
 
 

@@ -23,7 +23,7 @@ import httpx
 from pydantic import Field
 
 from chaos.faults.base import Fault, FaultContext, FaultParams
-from chaos.faults.disk_full import scrape_counters
+from chaos.prometheus import scrape_counters
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.scenario.duration import PositiveDuration
@@ -34,6 +34,8 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 class PreemptParams(FaultParams):
+    """Call the engine's preempt hook at apply and every ``interval`` until heal."""
+
     kind: Literal["preempt"]
     target: Literal["newest", "all"] = Field(
         default="newest", description="which running requests each call preempts: the newest one, or all"

@@ -113,19 +113,23 @@ class Api:
         return app
 
     async def reset(self, request: web.Request) -> web.Response:
+        """POST /reset: enable every proxy, remove every toxic; 204."""
         await self.collection.reset()
         return web.Response(status=204)
 
     async def proxy_index(self, request: web.Request) -> web.Response:
+        """GET /proxies: 200 ``{name: proxy}``."""
         return _json({name: p.info().model_dump(mode="json")
                       for name, p in self.collection.proxies.items()})
 
     async def proxy_create(self, request: web.Request) -> web.Response:
+        """POST /proxies: 201 proxy; 400 bad body, 409 exists, 500 listen failed."""
         spec = await _body(request, ProxyCreate)
         proxy = await self.collection.add(spec)
         return _json(proxy.info(), status=201)
 
     async def populate(self, request: web.Request) -> web.Response:
+        """POST /populate: 201 ``{"proxies": [...]}``; on error the error plus the proxies done."""
         specs = await _body(request, _populate_body)
         proxies, err = await self.collection.populate(specs)
         body: dict[str, Any] = {"proxies": [p.info().model_dump(mode="json") for p in proxies]}
@@ -134,46 +138,56 @@ class Api:
         return _json(body, status=201)
 
     async def proxy_show(self, request: web.Request) -> web.Response:
+        """GET /proxies/{proxy}: 200 proxy; 404."""
         return _json(self.collection.get(request.match_info["proxy"]).info())
 
     async def proxy_update(self, request: web.Request) -> web.Response:
+        """POST|PATCH /proxies/{proxy}: 200 proxy; 400, 404, 500 listen failed."""
         proxy = self.collection.get(request.match_info["proxy"])
         spec = await _body(request, ProxyUpdate)
         await proxy.update(spec.listen, spec.upstream, spec.enabled)
         return _json(proxy.info())
 
     async def proxy_delete(self, request: web.Request) -> web.Response:
+        """DELETE /proxies/{proxy}: 204; 404."""
         self.collection.remove(request.match_info["proxy"])
         return web.Response(status=204)
 
     async def toxic_index(self, request: web.Request) -> web.Response:
+        """GET /proxies/{proxy}/toxics: 200 ``[toxic]``; 404."""
         proxy = self.collection.get(request.match_info["proxy"])
         return _json([w.info().model_dump(mode="json") for w in proxy.toxics.all()])
 
     async def toxic_create(self, request: web.Request) -> web.Response:
+        """POST /proxies/{proxy}/toxics: 200 toxic; 400, 404, 409."""
         proxy = self.collection.get(request.match_info["proxy"])
         spec = await _body(request, ToxicCreate)
         return _json(proxy.toxics.add(spec).info())
 
     async def toxic_show(self, request: web.Request) -> web.Response:
+        """GET /proxies/{proxy}/toxics/{toxic}: 200 toxic; 404."""
         proxy = self.collection.get(request.match_info["proxy"])
         return _json(proxy.toxics.get(request.match_info["toxic"]).info())
 
     async def toxic_update(self, request: web.Request) -> web.Response:
+        """POST|PATCH /proxies/{proxy}/toxics/{toxic}: 200 toxic; 400, 404."""
         proxy = self.collection.get(request.match_info["proxy"])
         proxy.toxics.get(request.match_info["toxic"])  # 404 before the body, as Toxiproxy
         spec = await _body(request, ToxicUpdate)
         return _json(proxy.toxics.update(request.match_info["toxic"], spec).info())
 
     async def toxic_delete(self, request: web.Request) -> web.Response:
+        """DELETE /proxies/{proxy}/toxics/{toxic}: 204; 404."""
         proxy = self.collection.get(request.match_info["proxy"])
         proxy.toxics.remove(request.match_info["toxic"])
         return web.Response(status=204)
 
     async def version(self, request: web.Request) -> web.Response:
+        """GET /version: 200 ``{"version": ...}``."""
         return web.Response(text=json.dumps(VersionInfo(version=VERSION).model_dump()) + "\n",
                             content_type="application/json", charset="utf-8")
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """GET /metrics: 200 Prometheus text (names in :mod:`chaos.proxy.metrics`)."""
         return web.Response(body=render(self.collection.stats),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

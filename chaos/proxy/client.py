@@ -1,8 +1,8 @@
 """``ToxiproxyClient``: the one client kvchaos uses to drive a Toxiproxy (real or ours).
 
 Calls Toxiproxy 2.x's documented REST API (README "HTTP API" of Shopify/toxiproxy) over
-httpx, with a timeout on every call. Updates use ``PATCH`` (Toxiproxy >= 2.2; ``POST`` is
-deprecated there). Every non-2xx answer raises :class:`ToxiproxyError` carrying the HTTP
+httpx, with a timeout on every call. Updates use ``PATCH`` (Toxiproxy >= 2.6.0, which
+deprecates ``POST`` for updates) and fall back to ``POST`` on 405 for older 2.x servers. Every non-2xx answer raises :class:`ToxiproxyError` carrying the HTTP
 status and the server's ``error`` message.
 
 Example::
@@ -83,6 +83,14 @@ class ToxiproxyClient:
             raise ToxiproxyError(response.status_code, _message(response))
         return response
 
+    def _update(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            return self._call("PATCH", path, json=body)
+        except ToxiproxyError as exc:
+            if exc.status != 405:  # Toxiproxy < 2.6 has no PATCH route
+                raise
+            return self._call("POST", path, json=body)
+
     # --- server -------------------------------------------------------------------------
     def version(self) -> str:
         """Return the server version (``GET /version``), e.g. ``"2.9.0"``.
@@ -129,7 +137,7 @@ class ToxiproxyClient:
         """
         body = {k: v for k, v in (("enabled", enabled), ("listen", listen),
                                   ("upstream", upstream)) if v is not None}
-        return Proxy.model_validate(self._call("PATCH", f"/proxies/{name}", json=body).json())
+        return Proxy.model_validate(self._update(f"/proxies/{name}", body).json())
 
     def delete_proxy(self, name: str) -> None:
         """Delete a proxy (``DELETE /proxies/{name}``). Raises ToxiproxyError 404."""
@@ -186,8 +194,8 @@ class ToxiproxyClient:
         body: dict[str, Any] = {"attributes": dict(attributes or {})}
         if toxicity is not None:
             body["toxicity"] = toxicity
-        return Toxic.model_validate(self._call("PATCH", f"/proxies/{proxy}/toxics/{name}",
-                                               json=body).json())
+        return Toxic.model_validate(self._update(f"/proxies/{proxy}/toxics/{name}",
+                                                 body).json())
 
     def remove_toxic(self, proxy: str, name: str) -> None:
         """Remove a toxic (``DELETE /proxies/{proxy}/toxics/{name}``). Raises 404."""

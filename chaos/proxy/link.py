@@ -116,6 +116,8 @@ class ToxicLink:
         """Take bytes read from the source (called from ``Protocol.data_received``)."""
         n = len(data)
         self.stats.received[self.direction] += n
+        if self.closed:  # a read that raced the close: nowhere to send it
+            return
         if self.fast:
             self.dest.write(data)  # type: ignore[union-attr]
             self.stats.sent[self.direction] += n

@@ -52,6 +52,10 @@ class ProxyStats:
         # (toxic name, type, stream) -> connections acted on
         self.toxic_connections: dict[tuple[str, str, str], int] = {}
 
+    def toxic_added(self, wrapper: ToxicWrapper) -> None:
+        """Export a 0 for a new toxic, so "never acted" reads as 0, not as absent."""
+        self.toxic_connections.setdefault((wrapper.name, wrapper.type, wrapper.stream), 0)
+
     def toxic_acted(self, wrapper: ToxicWrapper) -> None:
         """Count one more connection that toxic ``wrapper`` acted on."""
         key = (wrapper.name, wrapper.type, wrapper.stream)

@@ -79,7 +79,7 @@ class Proxy:
         self.listen = listen or "127.0.0.1:0"
         self.upstream = upstream
         self.enabled = False
-        self.toxics = ToxicCollection()
+        self.toxics = ToxicCollection(stats)
         self.connections: set[Connection] = set()
         self.stats = stats
         self.rng = rng

@@ -19,6 +19,7 @@ from chaos.proxy.toxics import Toxic, toxic_type
 
 if TYPE_CHECKING:
     from chaos.proxy.link import ToxicLink
+    from chaos.proxy.metrics import ProxyStats
 
 STREAMS = ("upstream", "downstream")
 
@@ -55,7 +56,8 @@ def _settings(cls: type[Toxic], attributes: dict[str, Any]) -> Toxic:
 class ToxicCollection:
     """Toxic chains of one proxy plus the set of its open links."""
 
-    def __init__(self) -> None:
+    def __init__(self, stats: ProxyStats) -> None:
+        self.stats = stats
         self._chains: dict[str, list[ToxicWrapper]] = {s: [] for s in STREAMS}
         self.links: set[ToxicLink] = set()
 
@@ -98,6 +100,7 @@ class ToxicCollection:
                                toxicity=_toxicity(spec.toxicity),
                                toxic=_settings(cls, spec.attributes))
         self._chains[spec.stream].append(wrapper)
+        self.stats.toxic_added(wrapper)
         for link in list(self.links):
             if link.direction == wrapper.stream and not link.closed:
                 link.add_stub(wrapper)

@@ -90,7 +90,10 @@ class Nemesis:
         """Apply ``fault`` now (blocking); records invoke, then ok or fail."""
         p = fault.params
         params = p.model_dump(mode="json")
-        self.journal.add("fault", fault.id, fault_kind=p.kind, params=params, proxy_api=self.proxy_api)
+        stack_env = {k: v for k, v in (getattr(self.ctx.stack, "env", None) or {}).items()
+                     if k.endswith("_PORT") or k.startswith("KVCHAOS_")}
+        self.journal.add("fault", fault.id, fault_kind=p.kind, params=params, proxy_api=self.proxy_api,
+                         stack_env=stack_env)
         entry = AppliedFault(fault, phase)
         self.applied.append(entry)
         self.history.append("nemesis", "invoke", "apply", phase=phase, fault_id=fault.id,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.journal import Journal
 from chaos.stack.spec import KvchaosSettings, StackSpec
 
 
@@ -67,6 +68,7 @@ class Stack(abc.ABC):
     """A running (or startable) stack. Use as a context manager: ``down()`` runs on every exit.
 
     Attributes:
+        journal: where the backend records what it starts (processes, containers, mounts).
         spec: the validated stack file.
         env: the variables it was interpolated with.
         settings: the ``x-kvchaos`` settings, interpolated.
@@ -81,6 +83,8 @@ class Stack(abc.ABC):
         self.settings: KvchaosSettings = spec.settings
         self.run_dir = Path(run_dir)
         self.exits: list[ServiceExit] = []
+        #: Side effects to undo if the runner dies (chaos/journal.py); set by each backend.
+        self.journal: Journal
 
     # --- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod

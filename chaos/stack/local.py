@@ -387,6 +387,9 @@ class LocalStack(Stack):
                 if not alive and not p.exit_recorded:
                     p.exit_recorded = True
                     self.exits.append(ServiceExit(name, time.time(), p.returncode, p.expected_exit))
+                if not alive and not p.group_alive():
+                    # Whoever ended it (a fault, a crash), nothing of it is left to clean up.
+                    self.journal.remove("process", f"{name}:{p.pid}")
                 state = "paused" if alive and p.paused else "running" if alive else "exited"
                 out[name] = ServiceStatus(name, state, p.pid, p.healthy if alive else False, p.returncode,
                                           {"log": str(p.log_path), "pgid": p.pgid})

@@ -228,8 +228,12 @@ class Engine:
         self.proc.stop()
 
 
-def random_prompt(seed: int, n: int) -> list[int]:
-    """``n`` pseudo-random byte token ids, a pure function of ``seed``."""
+def random_prompt(seed: int | str, n: int) -> list[int]:
+    """``n`` pseudo-random byte token ids, a pure function of ``seed``.
+
+    Tests use seeds named after their module, so that no two tests share a prefix (and
+    so an LMCache entry) by accident.
+    """
     rng = random.Random(seed)
     return [rng.randrange(256) for _ in range(n)]
 

@@ -76,7 +76,7 @@ def test_trust_failed_load(planted: bool, make_engine, twin: Engine, clean_fragi
     """F3: LMCache stops answering between lookup and retrieve; the load fails."""
     eng = engine_for(planted, "trust-failed-load", clean_fragile, make_engine)
     failures_before = eng.metric("kvchaos_engine_load_failures_total")
-    p = random_prompt(600 + planted, 1100)
+    p = random_prompt(f"bugs:{600 + planted}", 1100)
     eng.complete(p, 2)
     eng.client.post("/hooks/stall", json={"point": "before_retrieve", "seconds": 2.5})
     result: dict = {}
@@ -102,7 +102,7 @@ def test_skip_abort_cleanup(planted: bool, make_engine, clean_fragile: Engine,
     """F9: a client disconnect after a hit must end the LMCache session."""
     eng = engine_for(planted, "skip-abort-cleanup", clean_fragile, make_engine)
     aborts_before = eng.metric("kvchaos_engine_aborts_total")
-    p = random_prompt(700 + planted, 1100)
+    p = random_prompt(f"bugs:{700 + planted}", 1100)
     eng.complete(p, 2)
     time.sleep(0.3)
     before = fragile_stack.status()["active_sessions"]
@@ -128,7 +128,7 @@ def test_hit_longer_than_loaded(bug: str, planted: bool, make_engine, twin: Engi
     expected_len = {"hit-plus-one-token": 1025, "hit-plus-one-chunk": 1099}[bug]
     misbehaved = False
     for k in range(3):
-        p = random_prompt(800 + 2 * k + planted + 10 * len(bug), 1100)
+        p = random_prompt(f"bugs:{800 + 2 * k + planted + 10 * len(bug)}", 1100)
         eng.complete(p, 2)
         r = eng.complete(p, 64, ignore_eos=True)
         assert stats(r)["external_cache_hit_tokens"] == (expected_len if planted else 1024)
@@ -141,7 +141,7 @@ def test_drop_cache_salt(planted: bool, make_engine, twin: Engine,
                          clean_small: Engine) -> None:
     """F12: tenant B must never hit tenant A's KV (salts differ)."""
     eng = engine_for(planted, "drop-cache-salt", clean_small, make_engine)
-    p = random_prompt(900 + planted, 700)
+    p = random_prompt(f"bugs:{900 + planted}", 700)
     a = eng.complete(p, 8, cache_salt="tenant-a")
     b = eng.complete(p, 8, cache_salt="tenant-b")
     a2 = eng.complete(p, 8, cache_salt="tenant-a")
@@ -156,7 +156,7 @@ def test_store_before_compute(planted: bool, make_engine, twin: Engine,
                               clean_small: Engine) -> None:
     """A chunk stored before its KV exists poisons the next request's hit."""
     eng = engine_for(planted, "store-before-compute", clean_small, make_engine)
-    p = random_prompt(1000 + planted, 1100)
+    p = random_prompt(f"bugs:{1000 + planted}", 1100)
     first = eng.complete(p, 24, ignore_eos=True)
     second = eng.complete(p, 24, ignore_eos=True)
     ref = ids(twin.complete(p, 24, ignore_eos=True))
@@ -174,7 +174,7 @@ def test_stale_blocks_on_resume(planted: bool, make_engine, twin: Engine,
     """
     eng = engine_for(planted, "stale-blocks-on-resume", clean_small, make_engine)
     preemptions_before = eng.metric("vllm:num_preemptions_total")
-    prompts = [random_prompt(1100 + 10 * i + planted, 600) for i in range(4)]
+    prompts = [random_prompt(f"bugs:{1100 + 10 * i + planted}", 600) for i in range(4)]
     results: dict[int, dict] = {}
 
     def send(i: int) -> None:

@@ -52,7 +52,7 @@ def test_request_id_header(twin: Engine) -> None:
 
 
 def test_stream_equals_non_stream(twin: Engine) -> None:
-    p = random_prompt(77, 300)
+    p = random_prompt("http:77", 300)
     whole = twin.complete(p, 10, ignore_eos=True)
     events = []
     with twin.client.stream("POST", "/v1/completions",
@@ -118,7 +118,7 @@ def test_models_and_debug_state(twin: Engine) -> None:
 
 
 def test_hook_preempt_running_request(twin: Engine) -> None:
-    p = random_prompt(88, 400)
+    p = random_prompt("http:88", 400)
     ref = ids(twin.complete(p, 300, ignore_eos=True))
     result: dict = {}
     t = threading.Thread(target=lambda: result.update(

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_repeated_1100_token_prompt_is_an_lmcache_hit(engine: Engine, twin: Engine,
                                                        lmcache_stack: LMCacheStack) -> None:
-    p = random_prompt(1100, 1100)
+    p = random_prompt("e2e:1100", 1100)
     first = engine.complete(p, 16, logprobs=1)
     second = engine.complete(p, 16, logprobs=1)
     ref = twin.complete(p, 16, logprobs=1)
@@ -34,7 +34,7 @@ def test_repeated_1100_token_prompt_is_an_lmcache_hit(engine: Engine, twin: Engi
 
 @pytest.mark.parametrize("n", [255, 256, 257, 511, 512, 513])
 def test_chunk_boundaries_equal_recompute(engine: Engine, twin: Engine, n: int) -> None:
-    p = random_prompt(20_000 + n, n)
+    p = random_prompt(f"e2e:{20_000 + n}", n)
     ref = ids(twin.complete(p, 12, ignore_eos=True))
     first = engine.complete(p, 12, ignore_eos=True)
     second = engine.complete(p, 12, ignore_eos=True)
@@ -47,10 +47,10 @@ def test_local_prefix_cache_and_lmcache_together(engine: Engine, twin: Engine,
                                                  make_engine, lmcache_stack: LMCacheStack
                                                  ) -> None:
     """F1: local APC covers part of the prefix, LMCache the rest; output equals recompute."""
-    p = random_prompt(3000, 1100)
+    p = random_prompt("e2e:3000", 1100)
     engine.complete(p, 4)  # stores 1024 tokens in LMCache
     apc = make_engine("apc", ["--enable-prefix-caching", *lmcache_args(lmcache_stack)])
-    short = p[:600] + random_prompt(3001, 50)
+    short = p[:600] + random_prompt("e2e:3001", 50)
     r1 = apc.complete(short, 8, ignore_eos=True)
     assert stats(r1)["external_cache_hit_tokens"] == 512
     r2 = apc.complete(p, 12, ignore_eos=True)
@@ -67,7 +67,7 @@ def test_preemption_equals_recompute(make_engine, twin: Engine,
                                      lmcache_stack: LMCacheStack) -> None:
     """A pool too small for 8 concurrent 600-token requests preempts; outputs are exact."""
     small = make_engine("preempt", ["--num-blocks", "80", *lmcache_args(lmcache_stack)])
-    prompts = [random_prompt(4000 + i, 600) for i in range(8)]
+    prompts = [random_prompt(f"e2e:{4000 + i}", 600) for i in range(8)]
     results: dict[int, dict] = {}
 
     def send(i: int) -> None:
@@ -88,7 +88,7 @@ def test_preemption_equals_recompute(make_engine, twin: Engine,
 
 def test_client_disconnect_after_hit_releases_everything(engine: Engine,
                                                          lmcache_stack: LMCacheStack) -> None:
-    p = random_prompt(5000, 1100)
+    p = random_prompt("e2e:5000", 1100)
     engine.complete(p, 2)  # warm LMCache
     aborts_before = engine.metric("kvchaos_engine_aborts_total")
     body = {"prompt": p, "max_tokens": 3000, "stream": True, "ignore_eos": True}

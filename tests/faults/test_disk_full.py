@@ -18,6 +18,8 @@ from chaos.scenario.model import Scenario
 from chaos.stack.local import LocalStack
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting the L2 tmpfs needs root")
+needs_lmcache = pytest.mark.skipif(not Path(sys.executable).with_name("lmcache").exists(),
+                                   reason="needs LMCache installed in this environment")
 
 SMALL = """
 services:
@@ -129,6 +131,7 @@ def _bench(stack: LocalStack, start: int, end: int) -> subprocess.CompletedProce
 
 
 @needs_root
+@needs_lmcache
 @pytest.mark.slow
 def test_lmcache_counts_the_l2_stores_that_failed(tmp_path):
     stack = make_stack(tmp_path, LMCACHE)
@@ -148,3 +151,40 @@ def test_lmcache_counts_the_l2_stores_that_failed(tmp_path):
         assert _bench(stack, 10, 11).returncode == 0
         assert any(p.suffix == ".data" for p in Path(stack.settings.l2_fs_path).iterdir())
     assert open_entries(stack.journal.path) == []
+
+
+@needs_root
+@pytest.mark.slow
+def test_cleanup_after_a_killed_run_deletes_the_ballast(tmp_path):
+    """The runner died between apply and heal: `kvchaos cleanup` works from the journal alone
+    (it heals each journalled fault with no stack, then removes the ballast file)."""
+    from chaos.cleanup import cleanup
+    from chaos.journal import Journal
+
+    journal = Journal("killed-run", directory=tmp_path / "journal")
+    f = tmp_path / "stack.yml"
+    f.write_text(SMALL)
+    stack = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ), journal=journal)
+    stack.up()
+    try:
+        flt = fault("disk_full")
+        # what the runner's Nemesis journals before apply
+        journal.add("fault", flt.id, fault_kind="disk_full", params=flt.params.model_dump(mode="json"),
+                    proxy_api=None)
+        ballast = Path(flt.apply(FaultContext(stack=stack))["ballast"])
+        # every kind of this module family must heal from the journal without a stack, too
+        for kind, fields in [("kill", {"service": "idle"}), ("pause", {"service": "idle"}),
+                             ("l2_corrupt", {"mode": "delete"}), ("cancel", {}), ("preempt", {}),
+                             ("hook", {"service": "idle", "apply": {"argv": ["true"]}})]:
+            other = fault(kind, name=f"{kind}-x", **fields)
+            journal.add("fault", other.id, fault_kind=kind, params=other.params.model_dump(mode="json"),
+                        proxy_api=None)
+        report = cleanup(tmp_path / "journal")
+        assert report.errors == []
+        # cleanup unmounts the tmpfs (and the ballast goes with it), then undoes the file entry
+        assert not ballast.exists()
+        assert not os.path.ismount(stack.settings.l2_fs_path)
+        assert any("healed fault disk_full-0" in m for m in report.undone)
+    finally:
+        stack.down()
+    assert list((tmp_path / "journal").iterdir()) == []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,10 @@ x-kvchaos:
 """
 
 CHUNK = 4096  # bytes per stored object in these tests
+
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+needs_lmcache = pytest.mark.skipif(not Path(sys.executable).with_name("lmcache").exists(),
+                                   reason="needs LMCache installed in this environment")
 
 
 def fault(kind: str, **fields):
@@ -174,6 +180,7 @@ def test_fraction_zero_is_refused():
         fault("l2_corrupt", mode="delete", fraction=0)
 
 
+@needs_redis
 @pytest.mark.slow
 def test_redis_values_truncated_flipped_deleted(tmp_path):
     import redis
@@ -209,3 +216,58 @@ def test_redis_values_truncated_flipped_deleted(tmp_path):
         assert r.get("unrelated") == b"keep me"  # not an LMCache key
         r.close()
     assert open_entries(st.journal.path) == []
+
+
+LMCACHE_STACK = """
+services:
+  lmcache:
+    command: [lmcache, server, --host, 127.0.0.1, --port, "${LMCACHE_PORT:-0}",
+              --http-host, 127.0.0.1, --http-port, "${LMCACHE_HTTP_PORT:-0}",
+              --prometheus-port, "${LMCACHE_PROMETHEUS_PORT:-0}",
+              --chunk-size, "256", --l1-size-gb, "0.2", --eviction-policy, LRU,
+              --supported-transfer-mode, auto,
+              --l2-adapter, '{"type": "fs", "base_path": "${KVCHAOS_RUN_DIR}/l2fs"}']
+    healthcheck:
+      test: [CMD, kvchaos, probe, "http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}/healthcheck"]
+      interval: 500ms
+      retries: 120
+    stop_grace_period: 5s
+x-kvchaos:
+  lmcache: lmcache
+  lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
+  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
+"""
+
+
+@needs_lmcache
+@pytest.mark.slow
+def test_lmcache_counts_loads_of_truncated_objects_as_failures(tmp_path):
+    import subprocess
+
+    import httpx
+
+    f = tmp_path / "stack.yml"
+    f.write_text(LMCACHE_STACK)
+    stack = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    lmcache = str(Path(sys.executable).with_name("lmcache"))
+
+    def bench() -> None:  # one 512-token request: lookup, store (2 chunks to L1 and L2), retrieve
+        subprocess.run([lmcache, "bench", "server", "--rpc-url", f"tcp://127.0.0.1:{stack.env['LMCACHE_PORT']}",
+                        "--url", stack.settings.lmcache_http, "--mode", "cpu", "--num-tokens", "512",
+                        "--start", "0", "--end", "1", "--kvcache-shape-spec", "(2,64,16,4,64):float32:4", "-q"],
+                       capture_output=True, timeout=120, check=False)
+
+    with stack:
+        l2 = Path(stack.settings.l2_fs_path)
+        bench()
+        assert len(list(l2.glob("*.data"))) == 2
+        # L1 emptied: the next lookup of the same prompt is served from L2
+        httpx.post(f"{stack.settings.lmcache_http}/cache/clear", timeout=10).raise_for_status()
+        flt = fault("l2_corrupt", mode="truncate", target="fs")
+        ctx = FaultContext(stack=stack)
+        assert flt.apply(ctx)["corrupted"] == 2
+        bench()
+        flt.heal(ctx)
+        ev = flt.evidence(ctx)
+        assert ev["bit"] is True and ev["lmcache_load_failures"] == 2, ev
+    assert open_entries(stack.journal.path) == []

@@ -16,8 +16,12 @@ from chaos.proxy.server import ProxyServer
 class ServerThread:
     """Runs a ProxyServer on its own event loop in a daemon thread."""
 
-    def __init__(self, seed: int | None = 1) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, seed: int | None = 1, loop: str = "asyncio") -> None:
+        if loop == "uvloop":
+            uvloop = pytest.importorskip("uvloop")
+            self.loop = uvloop.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
         self.server = ProxyServer("127.0.0.1", 0, seed=seed)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -84,9 +88,10 @@ def echo(conn: socket.socket) -> None:
         conn.sendall(data)
 
 
-@pytest.fixture
-def server() -> Iterator[ServerThread]:
-    s = ServerThread()
+@pytest.fixture(params=["asyncio", "uvloop"])
+def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    """A running server on each event loop the CLI can pick (plain asyncio and uvloop)."""
+    s = ServerThread(loop=request.param)
     yield s
     s.close()
 

@@ -1,0 +1,145 @@
+"""LMCache stalls, dies and comes back (acceptance 5, failure policy; F4, F5, F7, F11)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import lmcache_args
+from engine_procs import Engine, LMCacheStack, ids, random_prompt, stats
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LMCacheStack]:
+    """A stack these tests may stop, kill and restart."""
+    stack = LMCacheStack(tmp_path_factory.mktemp("killable"))
+    stack.start()
+    yield stack
+    stack.server.signal(signal.SIGCONT)
+    stack.stop()
+
+
+def wait_clean(stack: LMCacheStack, timeout_s: float) -> tuple[int, int]:
+    """Wait until LMCache holds no read locks and no sessions; return the last values."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        locks, sessions = stack.l1()["read_locked_count"], stack.status()["active_sessions"]
+        if (locks == 0 and sessions == 0) or time.monotonic() > deadline:
+            return locks, sessions
+        time.sleep(0.2)
+
+
+def test_server_killed_mid_run_then_restarted(make_engine, twin: Engine,
+                                              own_stack: LMCacheStack) -> None:
+    eng = make_engine("survivor", lmcache_args(own_stack, mq_timeout=1.0))
+    prompts = [random_prompt(f"fail:{7000 + i}", 600) for i in range(4)]
+    for p in prompts:
+        eng.complete(p, 2)  # stored: the run below starts with hits
+    results: list[dict] = []
+    errors: list[str] = []
+
+    def client() -> None:
+        for k in range(12):
+            try:
+                results.append(eng.complete(prompts[k % 4], 16, ignore_eos=True))
+            except AssertionError as exc:  # HTTP error
+                errors.append(str(exc))
+
+    t = threading.Thread(target=client)
+    t.start()
+    time.sleep(0.5)
+    own_stack.server.kill()  # SIGKILL mid-run
+    t.join(timeout=180)
+    assert not errors and len(results) == 12
+    for k, r in enumerate(results):
+        assert ids(r) == ids(twin.complete(prompts[k % 4], 16, ignore_eos=True)), k
+    assert any(stats(r)["lookup"] in ("timeout", "error") for r in results)
+    assert eng.client.get("/health").status_code == 200
+    # The server comes back on the same port: hits must come back within a bound (F11).
+    own_stack.start_server()
+    q = random_prompt("fail:7100", 600)
+    deadline = time.monotonic() + 30
+    hit = 0
+    while time.monotonic() < deadline and hit == 0:
+        r = eng.complete(q, 4)
+        hit = stats(r)["external_cache_hit_tokens"]
+        time.sleep(0.5)
+    assert hit == 512, eng.state()["lmcache"]
+    assert ids(r) == ids(twin.complete(q, 4))
+    assert wait_clean(own_stack, 10) == (0, 0)
+
+
+def test_lookup_timeout_falls_back_to_recompute(make_engine, twin: Engine,
+                                                own_stack: LMCacheStack) -> None:
+    """F5: the server stops answering; the lookup times out; the output is still exact."""
+    eng = make_engine("stalled", lmcache_args(own_stack, mq_timeout=1.0, heartbeat=5.0))
+    p = random_prompt("fail:7200", 700)
+    eng.complete(p, 2)
+    own_stack.server.signal(signal.SIGSTOP)
+    try:
+        r = eng.complete(p, 16, ignore_eos=True)
+    finally:
+        own_stack.server.signal(signal.SIGCONT)
+    assert stats(r)["lookup"] == "timeout"
+    assert stats(r)["external_cache_hit_tokens"] == 0
+    assert eng.metric("kvchaos_engine_lookup_timeouts_total") == 1
+    assert ids(r) == ids(twin.complete(p, 16, ignore_eos=True))
+    # Health comes back; so do hits; nothing stays locked.
+    deadline = time.monotonic() + 30
+    while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stats(eng.complete(p, 4))["external_cache_hit_tokens"] == 512
+    assert wait_clean(own_stack, 10) == (0, 0)
+    assert eng.state()["num_open_sessions"] == 0
+
+
+def test_failed_load_with_policy_fail_is_a_500(make_engine, own_stack: LMCacheStack) -> None:
+    eng = make_engine("failer", ["--kv-load-failure-policy", "fail",
+                                 *lmcache_args(own_stack, mq_timeout=1.0)])
+    p = random_prompt("fail:7300", 1100)
+    eng.complete(p, 2)
+    eng.client.post("/hooks/stall", json={"point": "before_retrieve", "seconds": 2.5})
+    result: dict = {}
+
+    def send() -> None:
+        resp = eng.client.post("/v1/completions", json={"prompt": p, "max_tokens": 8})
+        result.update(status=resp.status_code, body=resp.json())
+
+    t = threading.Thread(target=send)
+    t.start()
+    time.sleep(1.0)
+    own_stack.server.signal(signal.SIGSTOP)
+    try:
+        time.sleep(5.0)
+    finally:
+        own_stack.server.signal(signal.SIGCONT)
+    t.join(timeout=60)
+    assert result["status"] == 500, result
+    assert result["body"]["object"] == "error"
+    assert "kv_load_failure_policy=fail" in result["body"]["message"]
+    assert eng.metric("kvchaos_engine_load_failures_total") == 1
+    assert eng.state()["blocks_held_by_requests"] == 0
+    assert len(ids(eng.complete([1, 2, 3], 2))) >= 1  # still serving
+
+
+def test_engine_starts_before_lmcache_and_connects_later(make_engine, tmp_path) -> None:
+    stack = LMCacheStack(tmp_path / "late")
+    stack.redis.start()
+    eng = make_engine("early-bird", lmcache_args(stack), wait_lmcache=False)
+    try:
+        r = eng.complete([5] * 300, 2)
+        assert stats(r)["lookup"] == "error"
+        stack.start_server()
+        deadline = time.monotonic() + 30
+        while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert eng.state()["lmcache"]["state"] == "healthy"
+        eng.complete([6] * 300, 2)
+        assert stats(eng.complete([6] * 300, 2))["external_cache_hit_tokens"] == 256
+    finally:
+        stack.stop()
