@@ -4,10 +4,17 @@
                                                └─ combine(results): worst verdict wins
 
 Importing this package registers every shipped check under its YAML name:
-recompute_equivalence, leaks, liveness, evidence, isolation.
+recompute_equivalence, leaks, liveness, evidence, isolation, hit_recovery.
 """
 
-from chaos.checks import evidence, isolation, leaks, liveness, recompute_equivalence  # noqa: F401  (register)
+from chaos.checks import (  # noqa: F401  (register)
+    evidence,
+    hit_recovery,
+    isolation,
+    leaks,
+    liveness,
+    recompute_equivalence,
+)
 from chaos.checks.registry import CheckSpec, get, names, register, run_checks
 from chaos.checks.result import CheckResult, Verdict, combine, worst
 from chaos.checks.snapshots import LeakError, LeakSample, ServiceExit, Snapshots

@@ -40,6 +40,8 @@ from chaos.report.writer import write_report
 from chaos.runner.leaks import poll_until_quiet
 from chaos.scenario.model import Phase, Scenario
 from chaos.stack.base import Stack
+from chaos.stack.interpolate import interpolate
+from chaos.stack.spec import LeakSource
 from chaos.workload.client import CompletionClient
 from chaos.workload.driver import run_conversations
 from chaos.workload.generator import plan_phase
@@ -291,9 +293,9 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
         leaks_cfg = scenario.checks.leaks
         if leaks_cfg is not None:
             sources = settings.leak_sources
-            if leaks_cfg.sources is not None:
-                wanted = set(leaks_cfg.sources)
-                sources = [s for s in sources if s.name in wanted]
+            if leaks_cfg.sources is not None:  # the scenario's own sources replace the stack's
+                sources = [LeakSource(name=s.name, url=interpolate(s.url, stack.env), fields=s.fields)
+                           for s in leaks_cfg.sources]
             samples, errs, waited = poll_until_quiet(sources, leaks_cfg.quiesce_s, leaks_cfg.poll_interval_s,
                                                      history.now)
             snapshots.leak_sources = [s.name for s in sources]

@@ -17,6 +17,7 @@ __all__ = [
     "LeaksConfig",
     "EvidenceConfig",
     "IsolationConfig",
+    "HitRecoveryConfig",
     "ChecksConfig",
 ]
 
@@ -74,6 +75,16 @@ class IsolationConfig(_Strict):
     and no request is served a hit that another tenant stored."""
 
 
+class HitRecoveryConfig(_Strict):
+    """After the faults heal, requests hit LMCache again (a client that never reconnects after
+    a cache server restart serves correct output with a hit rate stuck at zero: F11)."""
+
+    phases: list[str] = Field(min_length=1, description="phases (after the fault healed) whose requests are measured")
+    min_request_hit_rate: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="fraction 0..1 of those completed requests that must get tokens from LMCache")
+
+
 class ChecksConfig(_Strict):
     """Which checks run (a key present = the check runs) and their settings."""
 
@@ -84,6 +95,8 @@ class ChecksConfig(_Strict):
     leaks: LeaksConfig | None = Field(default=None, description="no leaked locks/pins/sessions")
     evidence: EvidenceConfig | None = Field(default=None, description="each fault really bit")
     isolation: IsolationConfig | None = Field(default=None, description="no cross-tenant KV reuse")
+    hit_recovery: HitRecoveryConfig | None = Field(
+        default=None, description="LMCache hits come back after the faults heal")
 
     @model_validator(mode="before")
     @classmethod

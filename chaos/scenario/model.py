@@ -18,6 +18,7 @@ from pydantic import (
     StrictInt,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from chaos.faults import registry
@@ -134,6 +135,17 @@ class Scenario(_Strict):
                 seen[fault.name] = phase.name
                 index += 1
         return phases
+
+    @model_validator(mode="after")
+    def _check_phase_names(self) -> Scenario:
+        hr = self.checks.hit_recovery
+        if hr is not None:
+            names = [p.name for p in self.phases]
+            unknown = [n for n in hr.phases if n not in names]
+            if unknown:
+                raise ValueError(f"checks.hit_recovery.phases names unknown phase(s) {unknown}; "
+                                 f"the scenario has {names}")
+        return self
 
     @property
     def source(self) -> Path | None:
