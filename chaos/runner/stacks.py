@@ -11,8 +11,10 @@ sees another's cache or faults:
    flushed (``FLUSHALL``) and the filesystem L2 emptied;
 4. the engine's local prefix cache is reset (``POST /reset_prefix_cache``, vLLM's route).
 
-A scenario that plants engine bugs (``engine.bugs``) gets the engine service restarted with
-``KVCHAOS_ENGINE_BUGS`` set; the rest of the stack stays up.
+A scenario whose engine options differ from the running engine's (``engine.bugs``,
+``engine.prefix_caching``: the stack variables ``KVCHAOS_ENGINE_BUGS`` and
+``KVCHAOS_ENGINE_PREFIX_CACHING``) gets the engine service restarted with them; the rest of the
+stack stays up.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from pathlib import Path
 import httpx
 
 from chaos.stack.base import Stack, StackError, new_run_id
-
-BUGS_VARIABLE = "KVCHAOS_ENGINE_BUGS"
 
 
 def make_stack(stack_file: Path, backend: str, run_dir: Path, environ: dict[str, str] | None = None) -> Stack:
@@ -103,40 +103,39 @@ class StackPool:
         self.root = Path(root)
         self.keep = keep
         self._stacks: dict[Path, Stack] = {}
-        self._bugs: dict[Path, tuple[str, ...]] = {}
+        self._variables: dict[Path, dict[str, str]] = {}
         self._used: set[Path] = set()
 
-    def acquire(self, stack_file: Path, bugs: list[str] | tuple[str, ...] = (),
+    def acquire(self, stack_file: Path, variables: dict[str, str] | None = None,
                 say: Callable[[str], None] = lambda _m: None) -> Stack:
-        """The running stack for ``stack_file`` with the engine carrying ``bugs``, clean.
+        """The running stack for ``stack_file``, started with ``variables`` (engine options,
+        see :meth:`chaos.scenario.model.EngineOptions.stack_variables`), clean.
 
         Raises:
             ConfigError: invalid stack file; StackError: it did not start or reset.
         """
+        import os
+
         key = Path(stack_file).resolve()
-        bugs = tuple(sorted(bugs))
+        variables = dict(variables or {})
         stack = self._stacks.get(key)
         if stack is None:
             run_dir = self.root / new_run_id(key.stem)
-            environ = None
-            if bugs:
-                import os
-
-                environ = dict(os.environ, **{BUGS_VARIABLE: ",".join(bugs)})
-            stack = make_stack(key, self.backend, run_dir, environ)
+            stack = make_stack(key, self.backend, run_dir, dict(os.environ, **variables))
             say(f"starting stack {key.name} ({self.backend})")
             self._stacks[key] = stack
-            self._bugs[key] = bugs
+            self._variables[key] = variables
             stack.up()
             self._used.add(key)
             return stack
-        if self._bugs[key] != bugs:
+        if self._variables[key] != variables:
             engine = stack.settings.engine
             if engine is None:
-                raise StackError(f"{key}: the scenario plants engine bugs but x-kvchaos names no engine")
-            say(f"restarting {engine} with bugs {list(bugs) or 'none'}")
-            stack.reconfigure({BUGS_VARIABLE: ",".join(bugs)}, restart=[engine])
-            self._bugs[key] = bugs
+                raise StackError(f"{key}: the scenario sets engine options but x-kvchaos names no engine")
+            changed = {k: v for k, v in variables.items() if self._variables[key].get(k) != v}
+            say(f"restarting {engine} with {changed}")
+            stack.reconfigure(variables, restart=[engine])
+            self._variables[key] = variables
         if key in self._used:
             say("resetting the stack")
             reset_stack(stack, say)

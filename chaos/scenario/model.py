@@ -50,6 +50,20 @@ class EngineOptions(_Strict):
         default_factory=list,
         description="planted bug switches (--bug NAME) of the reference engine; [] = the clean engine",
     )
+    prefix_caching: bool = Field(
+        default=False,
+        description="the engine's own local prefix cache (vLLM's APC) on; off by default so that "
+        "prefix hits come from LMCache",
+    )
+
+    def stack_variables(self) -> dict[str, str]:
+        """Variables the stack file reads to start the engine this way
+        (``KVCHAOS_ENGINE_BUGS``, ``KVCHAOS_ENGINE_PREFIX_CACHING``)."""
+        return {
+            "KVCHAOS_ENGINE_BUGS": ",".join(sorted(self.bugs)),
+            "KVCHAOS_ENGINE_PREFIX_CACHING": "--enable-prefix-caching" if self.prefix_caching
+            else "--no-enable-prefix-caching",
+        }
 
 
 class Xfail(_Strict):
