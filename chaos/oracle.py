@@ -79,7 +79,9 @@ class RecomputeOracle:
                  concurrency: int = 4, request_timeout_s: float = 300.0) -> None:
         self.url = recompute_url.rstrip("/")
         self.fingerprint = fingerprint or engine_fingerprint(self.url)
-        self.path = (directory or oracle_dir()) / f"{self.fingerprint}.sqlite"
+        folder = Path(directory) if directory is not None else oracle_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{self.fingerprint}.sqlite"
         self.concurrency = concurrency
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()

@@ -166,14 +166,19 @@ def create_app(core: EngineCore) -> FastAPI:
 
         events: list[TokenEvent] = []
         done = False
+        last_check = time.monotonic()
         try:
             while True:
                 try:
                     ev = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
+                    ev = None
+                if time.monotonic() - last_check >= DISCONNECT_POLL_S:
+                    last_check = time.monotonic()
                     if await http.is_disconnected():
                         log.info("client of %s disconnected; aborting", request_id)
                         return JSONResponse({}, status_code=499)
+                if ev is None:
                     continue
                 if ev.final:
                     done = True

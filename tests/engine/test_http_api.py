@@ -136,3 +136,22 @@ def test_hook_preempt_running_request(twin: Engine) -> None:
     assert ids(result) == ref
     assert twin.client.post("/hooks/preempt", json={"request_id": "nobody"}
                             ).json() == {"preempted": []}
+
+
+def test_non_stream_client_disconnect_aborts(twin: Engine) -> None:
+    import httpx
+
+    aborts = twin.metric("kvchaos_engine_aborts_total")
+    body = {"prompt": random_prompt("http:99", 400), "max_tokens": 1500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(twin.base + "/v1/completions", json=body, timeout=0.5,
+                   headers={"X-Request-Id": "gone"})
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        state = twin.state()
+        if "gone" not in state["requests"] and twin.metric("kvchaos_engine_aborts_total") > aborts:
+            break
+        time.sleep(0.1)
+    assert "gone" not in state["requests"]
+    assert twin.metric("kvchaos_engine_aborts_total") == aborts + 1
+    assert state["blocks_held_by_requests"] == 0
