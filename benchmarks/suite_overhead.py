@@ -38,7 +38,7 @@ from chaos.stack.base import new_run_id  # noqa: E402
 
 def one(pool: StackPool, scenario, report_dir: Path) -> dict:
     t0 = time.monotonic()
-    stack = pool.acquire(Path(scenario.stack), scenario.engine.stack_variables())
+    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables())
     setup = time.monotonic() - t0
     run_id = new_run_id("bench-" + scenario.name)
     result = run_scenario(scenario, stack, report_dir / run_id, run_id=run_id)

@@ -133,7 +133,7 @@ class ScenarioItem(pytest.Item):
         run_dir = report_dir / run_id
         t0 = time.monotonic()
         try:
-            stack = self._pool().acquire(Path(self.scenario.stack), self.scenario.engine.stack_variables())
+            stack = self._pool().acquire(Path(self.scenario.stack), self.scenario.stack_variables())
         except (StackError, ConfigError) as exc:
             result = infra_error_result(self.scenario, run_id, run_dir, f"stack: {exc}")
         else:

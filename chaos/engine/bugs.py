@@ -9,9 +9,11 @@ from __future__ import annotations
 
 BUGS: dict[str, str] = {
     # F3/F7: an LMCache retrieve that failed (or was cut short) still counts as loaded KV.
-    "trust-failed-load": "a failed or partial LMCache load is trusted as a hit (blocks keep stale KV)",
+    "trust-failed-load":
+        "a failed or partial LMCache load is trusted as a hit (blocks keep stale KV)",
     # F9/F8: abort leaks the server-side lookup locks and session.
-    "skip-abort-cleanup": "on abort, skip free_lookup_locks and end_session (locks and session leak)",
+    "skip-abort-cleanup":
+        "on abort, skip free_lookup_locks and end_session (locks and session leak)",
     # F1/F2: off-by-one hit length.
     "hit-plus-one-token": "report (and skip computing) one token more than LMCache loaded",
     "hit-plus-one-chunk": "report (and skip computing) one chunk more than LMCache loaded",
@@ -20,7 +22,8 @@ BUGS: dict[str, str] = {
     # F10: bookkeeping drift under preemption.
     "stale-blocks-on-resume": "a preempted request resumes on its old block ids without recompute",
     # store ordering: the chunk's KV is not computed yet when it is stored.
-    "store-before-compute": "full chunks are stored right after allocation, before their KV is computed",
+    "store-before-compute":
+        "full chunks are stored right after allocation, before their KV is computed",
 }
 
 

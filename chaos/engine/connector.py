@@ -49,7 +49,7 @@ class LMCacheConnector:
     """One engine's link to an LMCache MP server (scheduler and worker adapter)."""
 
     def __init__(self, url: str, model_name: str, block_size: int, pool: KVPool,
-                 mq_timeout: float, heartbeat_interval: float,
+                 mq_timeout: float, heartbeat_interval: float, prefill_segment: int,
                  on_state_change: Callable[[], None] | None = None) -> None:
         """Prepare the connector; ``start()`` connects.
 
@@ -60,6 +60,8 @@ class LMCacheConnector:
             pool: the KV pool registered with LMCache.
             mq_timeout: seconds any LMCache MQ call may take.
             heartbeat_interval: seconds between the adapters' health pings.
+            prefill_segment: the engine's canonical segment; must divide the chunk size, or
+                a hit could end inside a segment and break bit-exactness.
             on_state_change: called (from a background thread) when the connection is made.
         """
         self.url = url
@@ -68,12 +70,16 @@ class LMCacheConnector:
         self.pool = pool
         self.mq_timeout = mq_timeout
         self.heartbeat_interval = heartbeat_interval
+        self.prefill_segment = prefill_segment
         self.chunk_size: int | None = None
         self.scheduler = None
         self.worker = None
         self.connect_error: str | None = None
         self._on_state_change = on_state_change
         self._lookup_started: dict[str, float] = {}
+        # Lookups sent per request id: a deferred END_SESSION for an earlier attempt (the
+        # request was preempted while LMCache was unhealthy) must not end a later one.
+        self._attempt: dict[str, int] = {}
         self.open_sessions: set[str] = set()
         self._deferred: list[tuple[str, Callable[[], None]]] = []
         self._stop = threading.Event()
@@ -81,24 +87,32 @@ class LMCacheConnector:
 
     # ---- connection -------------------------------------------------------------------
     def start(self) -> None:
-        """Connect in the background, retrying every ``heartbeat_interval`` until it works."""
+        """Try to connect now (bounded by ``mq_timeout``); on failure keep retrying in the
+        background every ``heartbeat_interval``, so the engine serves (without LMCache)
+        meanwhile."""
+        if self._try_connect():
+            return
         self._connect_thread = threading.Thread(target=self._connect_loop, daemon=True,
                                                 name="lmcache-connect")
         self._connect_thread.start()
 
+    def _try_connect(self) -> bool:
+        try:
+            self._connect()
+        except Exception as exc:  # noqa: BLE001 - any failure means "retry later"
+            self.connect_error = f"{type(exc).__name__}: {exc}"
+            log.warning("LMCache at %s not reachable: %s", self.url, self.connect_error)
+            return False
+        self.connect_error = None
+        log.info("connected to LMCache at %s (chunk size %s)", self.url, self.chunk_size)
+        if self._on_state_change:
+            self._on_state_change()
+        return True
+
     def _connect_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._connect()
-                self.connect_error = None
-                log.info("connected to LMCache at %s (chunk size %s)", self.url, self.chunk_size)
-                if self._on_state_change:
-                    self._on_state_change()
+        while not self._stop.wait(self.heartbeat_interval):
+            if self._try_connect():
                 return
-            except Exception as exc:  # noqa: BLE001 - any failure means "retry later"
-                self.connect_error = f"{type(exc).__name__}: {exc}"
-                log.warning("LMCache at %s not reachable: %s", self.url, self.connect_error)
-                self._stop.wait(self.heartbeat_interval)
 
     def _connect(self) -> None:
         import zmq
@@ -116,6 +130,12 @@ class LMCacheConnector:
                  "lmcache.mp.heartbeat_interval": self.heartbeat_interval}
         scheduler = LMCacheMPSchedulerAdapter(
             [self.url], ctx, self.model_name, self.block_size, strategy, extra_config=extra)
+        if scheduler.lmcache_tokens_per_chunk % self.prefill_segment:
+            scheduler.shutdown()
+            raise ValueError(
+                f"LMCache chunk size {scheduler.lmcache_tokens_per_chunk} is not a multiple "
+                f"of --prefill-segment {self.prefill_segment}; set --prefill-segment to a "
+                "divisor of the server's --chunk-size")
         try:
             worker = LMCacheMPWorkerAdapter(
                 self.url, ctx, self.model_name, self.block_size, strategy, extra_config=extra)
@@ -164,6 +184,7 @@ class LMCacheConnector:
         self.scheduler.maybe_submit_lookup_request(  # type: ignore[union-attr]
             request_id, token_ids, cache_salt=salt, reserve_last_token=True)
         self._lookup_started[request_id] = time.monotonic()
+        self._attempt[request_id] = self._attempt.get(request_id, 0) + 1
         self.open_sessions.add(request_id)
         return True
 
@@ -215,10 +236,15 @@ class LMCacheConnector:
         if request_id not in self.open_sessions:
             return
 
+        attempt = self._attempt.get(request_id, 0)
+
         def send() -> None:
+            if self._attempt.get(request_id, 0) != attempt:
+                return  # a newer attempt owns the session now; its own end will end it
             self.scheduler.end_session(request_id)  # type: ignore[union-attr]
             self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
             self.open_sessions.discard(request_id)
+            self._attempt.pop(request_id, None)
 
         self._send_or_defer(request_id, send)
 
@@ -261,7 +287,8 @@ class LMCacheConnector:
         op = LoadStoreOp(token_ids=list(token_ids), block_ids=[list(block_ids)], start=start,
                          end=end, skip_first_n_tokens=skip_first_n_tokens)
         try:
-            worker.submit_retrieve_request(request_id, op, None, cache_salt=salt)  # type: ignore[union-attr]
+            worker.submit_retrieve_request(  # type: ignore[union-attr]
+                request_id, op, None, cache_salt=salt)
             _, finished = worker.get_finished(set())  # type: ignore[union-attr]
             failed = worker.get_failed_request_ids()  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failed load is a miss, never a crash
@@ -285,7 +312,8 @@ class LMCacheConnector:
                          end=end)
         self.open_sessions.add(request_id)
         try:
-            worker.submit_store_request(request_id, op, None, cache_salt=salt)  # type: ignore[union-attr]
+            worker.submit_store_request(  # type: ignore[union-attr]
+                request_id, op, None, cache_salt=salt)
             fut = worker.store_futures.get(request_id)  # type: ignore[union-attr]
             ok = bool(fut is not None and fut.query() and fut.result(timeout=0))
             worker.get_finished({request_id})  # type: ignore[union-attr]

@@ -76,7 +76,8 @@ class EngineCore:
             self.connector = LMCacheConnector(
                 config.lmcache_url, f"{config.served_model_name}-{self.fingerprint}",
                 config.block_size, self.pool, config.lmcache_mq_timeout,
-                config.lmcache_heartbeat_interval, on_state_change=self.wake)
+                config.lmcache_heartbeat_interval, config.prefill_segment,
+                on_state_change=self.wake)
         self.requests: dict[str, Request] = {}
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []

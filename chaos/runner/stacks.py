@@ -11,10 +11,10 @@ sees another's cache or faults:
    flushed (``FLUSHALL``) and the filesystem L2 emptied;
 4. the engine's local prefix cache is reset (``POST /reset_prefix_cache``, vLLM's route).
 
-A scenario whose engine options differ from the running engine's (``engine.bugs``,
-``engine.prefix_caching``: the stack variables ``KVCHAOS_ENGINE_BUGS`` and
-``KVCHAOS_ENGINE_PREFIX_CACHING``) gets the engine service restarted with them; the rest of the
-stack stays up.
+A scenario whose stack variables differ from the previous one's (its ``variables``, and its
+engine options ``engine.bugs``/``engine.prefix_caching`` as ``KVCHAOS_ENGINE_BUGS``/
+``KVCHAOS_ENGINE_PREFIX_CACHING``) gets exactly the services whose command or environment
+changed restarted; the rest of the stack stays up.
 """
 
 from __future__ import annotations
@@ -129,12 +129,11 @@ class StackPool:
             self._used.add(key)
             return stack
         if self._variables[key] != variables:
-            engine = stack.settings.engine
-            if engine is None:
-                raise StackError(f"{key}: the scenario sets engine options but x-kvchaos names no engine")
             changed = {k: v for k, v in variables.items() if self._variables[key].get(k) != v}
-            say(f"restarting {engine} with {changed}")
-            stack.reconfigure(variables, restart=[engine])
+            # A variable the previous scenario set and this one does not goes back to its default.
+            unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
+            restarted = stack.reconfigure({**unset, **variables})
+            say(f"stack variables {changed or unset}: restarted {', '.join(restarted) or 'nothing'}")
             self._variables[key] = variables
         if key in self._used:
             say("resetting the stack")

@@ -116,7 +116,7 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
             say(f"[{scenario.name}] preparing the stack")
             t0 = time.monotonic()
             try:
-                stack = pool.acquire(Path(scenario.stack), scenario.engine.stack_variables(), say=say)
+                stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
             except (StackError, ConfigError) as exc:
                 results.append(infra_error_result(scenario, run_id, run_dir, f"stack: {exc}"))
                 continue

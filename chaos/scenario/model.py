@@ -105,6 +105,12 @@ class Scenario(_Strict):
     engine: EngineOptions = Field(default_factory=EngineOptions, description="engine options")
     xfail: Xfail | None = Field(default=None, description="expected failure (a known bug)")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="the requests to send")
+    variables: dict[str, str] = Field(
+        default_factory=dict,
+        description="stack variables for this scenario (e.g. LMCACHE_L1_SIZE_GB: '0.05'); the services "
+        "whose command or environment they change are restarted with them; *_PORT variables are "
+        "not allowed (ports are allocated by the stack)",
+    )
     phases: list[Phase] = Field(min_length=1, description="the phases, run in order")
     checks: ChecksConfig = Field(description="the checks to run; a check omitted is not run")
 
@@ -160,6 +166,24 @@ class Scenario(_Strict):
                 raise ValueError(f"checks.hit_recovery.phases names unknown phase(s) {unknown}; "
                                  f"the scenario has {names}")
         return self
+
+    @field_validator("variables")
+    @classmethod
+    def _variable_names(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for name in v:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+                raise ValueError(f"variable name {name!r} must be UPPER_CASE letters, digits and _")
+            if name.endswith("_PORT"):
+                raise ValueError(f"{name}: ports are chosen by the stack; a scenario cannot set them")
+            if name.startswith("KVCHAOS_ENGINE_"):
+                raise ValueError(f"{name}: set engine options under `engine:` instead")
+        return v
+
+    def stack_variables(self) -> dict[str, str]:
+        """Every stack variable this scenario sets: ``variables`` plus the engine options."""
+        return {**self.variables, **self.engine.stack_variables()}
 
     @property
     def source(self) -> Path | None:

@@ -144,10 +144,13 @@ class Stack(abc.ABC):
     def collect_logs(self, dest_dir: Path) -> list[Path]:
         """Copy each service's log into ``dest_dir``; returns the files written."""
 
-    def reconfigure(self, variables: dict[str, str], restart: list[str]) -> None:
-        """Set stack variables (e.g. ``KVCHAOS_ENGINE_BUGS``), interpolate the stack file again
-        with them, and restart the services in ``restart`` so they pick them up. Ports and the
-        run dir stay as they are.
+    def reconfigure(self, variables: dict[str, str], restart: list[str] | None = None) -> list[str]:
+        """Set stack variables (e.g. ``KVCHAOS_ENGINE_BUGS``, ``LMCACHE_L1_SIZE_GB``), interpolate
+        the stack file again with them, and restart every service whose command or environment
+        changed (and those in ``restart``). Ports and the run dir stay as they are.
+
+        Returns:
+            The services restarted, in start order.
 
         Raises:
             ConfigError: the file no longer validates; StackError: a restart failed.
@@ -156,10 +159,18 @@ class Stack(abc.ABC):
 
         environ = dict(self.env)
         environ.update(variables)
+        old = self.spec
         spec = load_stack(self.spec.path, environ=environ, run_dir=self.run_dir)
+        changed = [n for n in spec.services
+                   if n in (restart or []) or spec.services[n].argv(self.backend) != old.services[n].argv(self.backend)
+                   or spec.services[n].env() != old.services[n].env()]
         self.spec, self.env, self.settings = spec, spec.env, spec.settings
-        for name in restart:
-            self.restart(name)
+        order = [n for wave in spec.start_order() for n in wave if n in changed]
+        for name in reversed(order):
+            self.stop(name)
+        for name in order:
+            self.start(name)
+        return order
 
     def unexpected_exits(self) -> list[ServiceExit]:
         """Exits no kvchaos action caused (for the liveness check)."""

@@ -10,15 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_procs import SMALL_MODEL, Engine, LMCacheStack  # noqa: E402
-
-
-def lmcache_args(stack: LMCacheStack, mq_timeout: float = 3.0, heartbeat: float = 1.0
-                 ) -> list[str]:
-    """Engine flags for the LMCache connector to ``stack``."""
-    return ["--kv-connector", "lmcache-mp", "--lmcache-url", stack.url,
-            "--lmcache-mq-timeout", str(mq_timeout), "--lmcache-heartbeat-interval",
-            str(heartbeat)]
+from engine_procs import SMALL_MODEL, Engine, LMCacheStack, lmcache_args  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -228,6 +228,14 @@ class Engine:
         self.proc.stop()
 
 
+def lmcache_args(stack: LMCacheStack, mq_timeout: float = 3.0, heartbeat: float = 1.0
+                 ) -> list[str]:
+    """Engine flags for the LMCache connector to ``stack``."""
+    return ["--kv-connector", "lmcache-mp", "--lmcache-url", stack.url,
+            "--lmcache-mq-timeout", str(mq_timeout), "--lmcache-heartbeat-interval",
+            str(heartbeat)]
+
+
 def random_prompt(seed: int | str, n: int) -> list[int]:
     """``n`` pseudo-random byte token ids, a pure function of ``seed``.
 

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import lmcache_args
-from engine_procs import SMALL_MODEL, Engine, LMCacheStack, ids, random_prompt, stats
+from engine_procs import SMALL_MODEL, Engine, LMCacheStack, ids, lmcache_args, random_prompt, stats
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import lmcache_args
-from engine_procs import Engine, LMCacheStack, ids, random_prompt, stats
+from engine_procs import Engine, LMCacheStack, ids, lmcache_args, random_prompt, stats
 
 pytestmark = pytest.mark.slow
 
