@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import typer
@@ -11,6 +12,18 @@ from chaos.engine.bugs import BUGS
 
 app = typer.Typer(help="The kvchaos reference engine (CPU, vLLM-shaped, LMCache MP connector).",
                   no_args_is_help=True)
+
+
+BUGS_ENV = "KVCHAOS_ENGINE_BUGS"
+
+
+def bugs_from_environment() -> list[str]:
+    """Bug names from ``KVCHAOS_ENGINE_BUGS`` (comma- or space-separated; empty = none).
+
+    Lets a stack file plant bugs through its environment without changing the command line.
+    """
+    raw = os.environ.get(BUGS_ENV, "")
+    return [b for b in raw.replace(",", " ").split() if b]
 
 
 @app.callback()
@@ -47,8 +60,8 @@ def serve(
     lmcache_heartbeat_interval: float = typer.Option(2.0, help="Seconds between LMCache pings."),
     threads: int = typer.Option(1, help="torch intra-op threads (fixed for bit-exactness)."),
     bug: Optional[list[str]] = typer.Option(  # noqa: UP007 - typer needs Optional here
-        None, help="Plant a known bug (repeatable): " + "; ".join(
-            f"{k}: {v}" for k, v in BUGS.items())),
+        None, help="Plant a known bug (repeatable; also KVCHAOS_ENGINE_BUGS, comma-separated): "
+        + "; ".join(f"{k}: {v}" for k, v in BUGS.items())),
     log_level: str = typer.Option("info", help="debug | info | warning | error."),
 ) -> None:
     """Serve the engine over HTTP until interrupted."""
@@ -71,7 +84,7 @@ def serve(
         lmcache_url=lmcache_url, kv_load_failure_policy=kv_load_failure_policy,
         lmcache_mq_timeout=lmcache_mq_timeout,
         lmcache_heartbeat_interval=lmcache_heartbeat_interval, threads=threads,
-        bugs=list(bug or []))
+        bugs=list(bug or []) + bugs_from_environment())
     try:
         config.validate()
     except ValueError as exc:

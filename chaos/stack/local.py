@@ -506,6 +506,9 @@ class LocalStack(Stack):
                 self._wait_gone(p, KILL_WAIT_S)
             self.journal.remove("process", f"{p.service}:{p.pid}")
         self._unmount_l2()
+        from chaos.stack.ports import release
+
+        release([int(v) for k, v in self.env.items() if k.endswith("_PORT") and v.isdigit()])
         if self.state_path.exists():
             self.state_path.unlink()
         self.journal.close()

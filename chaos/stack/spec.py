@@ -341,7 +341,9 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
     Starts from ``environ`` (``os.environ`` when None). Every variable named ``*_PORT`` that has
     a literal default in the file (``${X_PORT:-1234}``) and is not set gets its default when that
     port is free on 127.0.0.1, else a free port picked by the kernel (``allocate_ports``), so
-    every reference to it resolves to the same port. ``KVCHAOS_RUN_DIR`` is set to ``run_dir``.
+    every reference to it resolves to the same port; chosen ports are claimed for this process
+    (chaos/stack/ports.py) so a concurrent kvchaos stack does not pick them too.
+    ``KVCHAOS_RUN_DIR`` is set to ``run_dir``.
 
     Returns:
         The variables (a new dict).
@@ -354,8 +356,13 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
         if not name.endswith("_PORT") or env.get(name):
             continue
         port = int(default) if default.isdigit() else 0
-        if allocate_ports and (port == 0 or port in taken or not port_is_free(port)):
-            port = free_port(avoid=taken)
+        if allocate_ports:
+            from chaos.stack.ports import claim
+
+            # Claimed across kvchaos processes: a port bound only later (a proxy link) is not
+            # picked by two stacks starting at once.
+            while port == 0 or port in taken or not port_is_free(port) or not claim(port):
+                port = free_port(avoid=taken)
         taken.add(port)
         env[name] = str(port)
     return env

@@ -123,3 +123,12 @@ def test_weights_are_a_function_of_the_seed() -> None:
     key = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(a[key], b[key]) and not torch.equal(a[key], c[key])
     assert SPEC.fingerprint("x") != ModelSpec(**{**SPEC.__dict__, "seed": 1}).fingerprint("x")
+
+
+def test_bugs_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chaos.engine.cli import BUGS_ENV, bugs_from_environment
+
+    monkeypatch.setenv(BUGS_ENV, "")
+    assert bugs_from_environment() == []
+    monkeypatch.setenv(BUGS_ENV, "drop-cache-salt, store-before-compute")
+    assert bugs_from_environment() == ["drop-cache-salt", "store-before-compute"]

@@ -192,3 +192,27 @@ def test_bad_stack_files(tmp_path, case):
         assert f"{path}:{line}" in rendered
     assert needle in rendered
     assert message in rendered
+
+
+def test_concurrent_stacks_do_not_pick_the_same_default_port(tmp_path):
+    """Two stacks loaded before either binds its ports (the proxy binds a link's port only
+    later) must not both take a free default port."""
+    import subprocess
+    import sys
+
+    from chaos.stack.spec import free_port
+
+    default = free_port()
+    stack = write(tmp_path, f"""
+        services:
+          a:
+            command: [sleep, "1"]
+            environment: {{P: "${{LINK_PORT:-{default}}}"}}
+    """)
+    first = load_stack(stack, environ={})
+    assert first.env["LINK_PORT"] == str(default)  # free and unclaimed: the default
+    # Another process (another kvchaos run) resolving the same file gets another port.
+    code = ("import sys; from chaos.stack.spec import load_stack; "
+            f"print(load_stack({str(stack)!r}, environ={{}}).env['LINK_PORT'])")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(other.stdout) != default
