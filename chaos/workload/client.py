@@ -129,6 +129,9 @@ class CompletionClient:
             "stream": req.stream,
             "temperature": 0,
             "return_token_ids": True,
+            # Outputs of max_tokens tokens however early a (random-weight) model says EOS, so a
+            # wrong KV position has room to show in the output.
+            "ignore_eos": True,
         }
         if req.cache_salt is not None:
             body["cache_salt"] = req.cache_salt
