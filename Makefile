@@ -21,6 +21,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not chaos" tests
 
+## The bug zoo: the catalogue against the clean engine and each planted bug -> reports/zoo/
+## (ZOO_ARGS="--full" for the whole matrix, "--scenarios smoke,preemption" to choose).
+zoo: setup
+	$(PY) -m chaos.zoo $(ZOO_ARGS)
+
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py
 	$(PY) benchmarks/ttft_hit.py

@@ -23,6 +23,9 @@ STACKS = Path(__file__).resolve().parent / "stacks"
 TEST_IMAGE = "kvchaos-test/os:dev"
 
 _ok, _why = engine_available()
+if not _ok and os.environ.get("CI"):
+    raise RuntimeError(f"CI must test the compose backend, but there is no Docker engine ({_why}); "
+                       ".ci/run runs scripts/docker-setup.sh")
 if not _ok:
     pytest.skip(f"no Docker engine or compose CLI here ({_why}); run scripts/docker-setup.sh",
                 allow_module_level=True)
@@ -40,6 +43,8 @@ def test_image(docker, tmp_path_factory) -> str:
     """``kvchaos-test/os:dev``, built once per session (seconds when the layer cache has it)."""
     base = os.environ.get("KVCHAOS_BASE_IMAGE", "kvchaos/base:bookworm")
     if not image_exists(docker, base):
+        if os.environ.get("CI"):
+            pytest.fail(f"base image {base} is not present: .ci/run builds it (scripts/build-image.sh)")
         pytest.skip(f"base image {base} is not present: run scripts/offline-base-image.sh "
                     "(or set KVCHAOS_BASE_IMAGE to a Debian-based image you have)")
     log = tmp_path_factory.mktemp("build") / "build.log"

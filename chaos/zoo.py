@@ -1,0 +1,306 @@
+"""The bug zoo: the scenario catalogue against the clean engine and each planted bug.
+
+    catalogue (scenarios/*.yaml) ──┐
+    planted bugs (chaos.engine.bugs.BUGS) ──> plan: row -> scenarios to run
+                                   │           (clean: every scenario; a bug: those in ZOO_MAP,
+                                   │            or every one with --full, or --scenarios)
+                                   ▼
+    one StackPool for the whole zoo (a new bug restarts only the engine) ─> RunResult per cell
+                                   ▼
+    reports/zoo/matrix.md + matrix.json; exit 1 when a planted bug escapes every scenario it
+    ran or the clean engine does not pass one
+
+A checker must have teeth: a scenario that passes the clean engine and fails the engine with a
+planted bug "caught" it; a bug that passes every scenario it met "escaped". Seeds are the
+scenarios' own (fixed), so reruns give the same matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import typer
+
+from chaos.engine.bugs import BUGS
+
+__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "plan_rows", "run_zoo", "zoo"]
+
+#: The row of the engine with no planted bug.
+CLEAN = "clean"
+
+#: Planted bug -> the catalogue scenarios meant to catch it (the default `kvchaos zoo` plan).
+ZOO_MAP: dict[str, list[str]] = {
+    "trust-failed-load": ["retrieve-fail-after-lookup"],
+    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause"],
+    "hit-plus-one-token": ["chunk-boundary-full-hit", "apc-partial-chunk"],
+    "hit-plus-one-chunk": ["chunk-boundary-full-hit", "smoke"],
+    "drop-cache-salt": ["tenant-isolation"],
+    "stale-blocks-on-resume": ["preemption"],
+    "store-before-compute": ["smoke", "ladder-engine-restart"],
+}
+
+#: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
+#: failed a check; "error": the stack did not start; "-": not run.
+Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "error", "-"]
+
+EXIT_OK = 0
+EXIT_ZOO_FAILED = 1
+
+
+def cell_for(verdict: str, *, planted: bool, xfail: bool = False, error: bool = False) -> Cell:
+    """The matrix cell of one run.
+
+    Args:
+        verdict: the run's verdict, "passed", "failed" or "unknown" (inconclusive).
+        planted: whether the run's engine had a planted bug (a bug row) or not (the clean row).
+        xfail: the scenario is marked ``xfail`` (a known upstream bug): its failure is not the
+            engine's, so it neither catches a planted bug nor fails the clean engine.
+        error: the run could not start (infrastructure error).
+
+    Returns:
+        "error", "xfail", "inconclusive", "passed", or "caught" (bug row) / "failed" (clean row).
+    """
+    if error:
+        return "error"
+    if xfail:
+        return "xfail"
+    if verdict == "passed":
+        return "passed"
+    if verdict == "failed":
+        return "caught" if planted else "failed"
+    return "inconclusive"
+
+
+@dataclass
+class ZooMatrix:
+    """Rows (the clean engine, then planted bugs) x columns (scenario names) of cells.
+
+    Attributes:
+        rows: row names in order, ``CLEAN`` first.
+        columns: scenario names in catalogue order.
+        cells: ``cells[row][scenario]``; a pair missing from it was not run ("-").
+        seconds: wall-clock seconds per run, same keys as ``cells``.
+        runs: report folder per run, same keys as ``cells``.
+    """
+
+    rows: list[str]
+    columns: list[str]
+    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    runs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def cell(self, row: str, column: str) -> Cell:
+        """The cell at (row, column), "-" when that pair was not run."""
+        return self.cells.get(row, {}).get(column, "-")
+
+    def set(self, row: str, column: str, cell: Cell, seconds: float | None = None,
+            run: str | None = None) -> None:
+        """Record one run's cell (and, optionally, its time in s and report folder)."""
+        self.cells.setdefault(row, {})[column] = cell
+        if seconds is not None:
+            self.seconds.setdefault(row, {})[column] = round(seconds, 1)
+        if run is not None:
+            self.runs.setdefault(row, {})[column] = run
+
+    def escaped(self) -> list[str]:
+        """Planted bugs that ran at least one scenario and no scenario caught, or ran none."""
+        return [r for r in self.rows if r != CLEAN
+                and not any(c == "caught" for c in self.cells.get(r, {}).values())]
+
+    def clean_failures(self) -> list[str]:
+        """Scenarios the clean engine did not pass (failed, inconclusive or error)."""
+        return [s for s, c in self.cells.get(CLEAN, {}).items() if c not in ("passed", "xfail")]
+
+    def exit_code(self) -> int:
+        """0 when every planted bug row is caught by some scenario and the clean engine passes
+        every scenario it ran; 1 otherwise."""
+        return EXIT_ZOO_FAILED if self.escaped() or self.clean_failures() else EXIT_OK
+
+    def to_json(self) -> dict:
+        """matrix.json: rows, columns, cells (with "-" filled in), escapes, clean failures."""
+        return {
+            "rows": self.rows,
+            "columns": self.columns,
+            "cells": {r: {c: self.cell(r, c) for c in self.columns} for r in self.rows},
+            "seconds": self.seconds,
+            "runs": self.runs,
+            "escaped": self.escaped(),
+            "clean_failures": self.clean_failures(),
+            "exit_code": self.exit_code(),
+        }
+
+    def to_markdown(self) -> str:
+        """matrix.md: one table, rows = engines, columns = scenarios, plus the verdict lines."""
+        head = ["engine \\ scenario", *self.columns]
+        lines = ["# Bug zoo", "",
+                 "Cells: caught (a planted bug failed a check), passed, failed (the clean engine "
+                 "failed), inconclusive (a fault never bit), xfail (known upstream bug), error "
+                 "(stack did not start), - (not run).", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in self.rows:
+            lines.append("| " + " | ".join([f"`{r}`", *(self.cell(r, c) for c in self.columns)]) + " |")
+        lines.append("")
+        esc, bad = self.escaped(), self.clean_failures()
+        lines.append(f"Escaped planted bugs: {', '.join(esc) if esc else 'none'}.")
+        lines.append(f"Clean engine not passing: {', '.join(bad) if bad else 'none'}.")
+        lines.append(f"Exit code: {self.exit_code()}.")
+        return "\n".join(lines) + "\n"
+
+    def write(self, out_dir: Path) -> tuple[Path, Path]:
+        """Write ``matrix.md`` and ``matrix.json`` into ``out_dir`` (created); returns both paths."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        md, js = out_dir / "matrix.md", out_dir / "matrix.json"
+        md.write_text(self.to_markdown())
+        js.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return md, js
+
+
+def plan_rows(catalogue: list[str], bugs: Iterable[str], *, full: bool = False,
+              scenarios: list[str] | None = None,
+              zoo_map: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+    """Which scenarios each row runs.
+
+    Args:
+        catalogue: every scenario name, in order.
+        bugs: the planted bugs to run (rows besides ``CLEAN``).
+        full: every row runs every scenario.
+        scenarios: every row runs exactly these (overrides ``full`` and the map).
+        zoo_map: bug -> scenarios meant to catch it (default ``ZOO_MAP``).
+
+    Returns:
+        ``{row: [scenario names in catalogue order]}``, ``CLEAN`` first.
+
+    Raises:
+        ValueError: a name in ``scenarios`` or in the map is not in the catalogue.
+    """
+    zoo_map = ZOO_MAP if zoo_map is None else zoo_map
+    known = set(catalogue)
+    if scenarios is not None:
+        unknown = [s for s in scenarios if s not in known]
+        if unknown:
+            raise ValueError(f"unknown scenario(s) {unknown}; the catalogue has: {', '.join(catalogue)}")
+        chosen = [s for s in catalogue if s in set(scenarios)]
+        return {row: list(chosen) for row in [CLEAN, *bugs]}
+    plan: dict[str, list[str]] = {CLEAN: list(catalogue)}
+    for bug in bugs:
+        if full:
+            plan[bug] = list(catalogue)
+            continue
+        wanted = zoo_map.get(bug, [])
+        unknown = [s for s in wanted if s not in known]
+        if unknown:
+            raise ValueError(f"ZOO_MAP[{bug!r}] names {unknown}, not in the catalogue")
+        plan[bug] = [s for s in catalogue if s in set(wanted)]
+    return plan
+
+
+def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
+            backend: str = "local", timeout_s: float = 600.0,
+            say: Callable[[str], None] = lambda _m: None) -> ZooMatrix:
+    """Run the plan on one stack pool and fill the matrix.
+
+    Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
+    the row's bug (``[]`` for ``CLEAN``), keeping each scenario's seed and other engine options.
+
+    Args:
+        scenario_paths: the catalogue files.
+        plan: ``plan_rows``'s answer.
+        report_dir: parent of the run folders.
+        backend: "local" or "compose".
+        timeout_s: per-scenario deadline for the phases.
+        say: progress lines.
+
+    Raises:
+        ConfigError: a scenario file is invalid.
+    """
+    from chaos.runner.run import run_scenario
+    from chaos.runner.stacks import StackPool
+    from chaos.runner.suite import infra_error_result, load_and_validate
+    from chaos.stack.base import StackError, new_run_id
+    from chaos.yamlsource import ConfigError
+
+    columns = [s.name for s in load_and_validate(scenario_paths)]
+    matrix = ZooMatrix(rows=list(plan), columns=columns)
+    pool = StackPool(backend, report_dir / new_run_id("zoo-stacks"))
+    try:
+        for row, names in plan.items():
+            bugs = [] if row == CLEAN else [row]
+            for scenario in load_and_validate(scenario_paths):
+                if scenario.name not in names:
+                    continue
+                scenario.engine.bugs = list(bugs)
+                run_id = new_run_id(f"zoo-{row}-{scenario.name}")
+                run_dir = report_dir / run_id
+                say(f"[{row}] {scenario.name}")
+                t0 = time.monotonic()
+                try:
+                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+                except (StackError, ConfigError) as exc:
+                    result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
+                else:
+                    result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
+                                          progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
+                cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
+                                error=result.error is not None)
+                elapsed = time.monotonic() - t0
+                matrix.set(row, scenario.name, cell, elapsed, str(run_dir))
+                say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
+    finally:
+        pool.close()
+    return matrix
+
+
+def zoo(
+    scenarios_dir: Path = typer.Option(Path("scenarios"), "--catalogue", help="folder of catalogue scenarios"),
+    scenarios: list[str] = typer.Option(None, "--scenarios", "-s",
+                                        help="run only these scenarios (names; repeatable or comma-separated)"),
+    bugs: list[str] = typer.Option(None, "--bug", help="only these planted bugs (repeatable; default all)"),
+    full: bool = typer.Option(False, "--full", help="every bug against every scenario"),
+    out: Path = typer.Option(Path("reports/zoo"), "--out", help="where matrix.md and matrix.json go"),
+    report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
+    backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
+    timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
+) -> None:
+    """Run the catalogue against the clean reference engine and each planted ``--bug``.
+
+    Writes OUT/matrix.md and OUT/matrix.json. Exit codes: 0 every planted bug was caught by
+    some scenario and the clean engine passed every scenario; 1 otherwise; 2 bad arguments or an
+    invalid scenario file.
+    """
+    from chaos.scenario.loader import discover_scenarios
+    from chaos.runner.suite import load_and_validate
+    from chaos.yamlsource import ConfigError
+
+    chosen_bugs = list(bugs) if bugs else sorted(BUGS)
+    unknown = [b for b in chosen_bugs if b not in BUGS]
+    if unknown:
+        typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(BUGS))}", err=True)
+        raise typer.Exit(2)
+    names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
+    try:
+        paths = discover_scenarios(scenarios_dir)
+        catalogue = [s.name for s in load_and_validate(paths)]
+        plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    wanted = {n for ns in plan.values() for n in ns}
+    paths = [p for p, n in zip(paths, catalogue) if n in wanted]
+    matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
+                     say=lambda m: typer.echo(m, err=True))
+    md, js = matrix.write(out)
+    typer.echo(matrix.to_markdown())
+    typer.echo(f"matrix: {md} {js}")
+    raise typer.Exit(matrix.exit_code())
+
+
+if __name__ == "__main__":  # python -m chaos.zoo
+    typer.run(zoo)

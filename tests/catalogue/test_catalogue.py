@@ -1,0 +1,90 @@
+"""The shipped catalogue: every scenario validates and says which production failure it models
+(a field report F1-F12, a mission fault, the production ladder, or a compound of them);
+docs/catalogue.md lists every scenario file and every field report; every field report is
+modelled by at least one scenario."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from chaos.runner.suite import load_and_validate
+from chaos.scenario.loader import discover_scenarios, load_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = discover_scenarios(REPO / "scenarios")
+CATALOGUE_DOC = REPO / "docs" / "catalogue.md"
+FIELD_REPORTS = [f"F{i}" for i in range(1, 13)]
+_F = re.compile(r"\bF(1[0-2]|[1-9])\b")
+_CLASS = re.compile(r"mission fault|production ladder|compound", re.IGNORECASE)
+
+
+def test_catalogue_validates_against_its_stacks() -> None:
+    assert len(load_and_validate(SHIPPED)) == len(SHIPPED)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_description_names_what_it_models(path: Path) -> None:
+    s = load_scenario(path)
+    assert s.description and len(s.description) > 80, f"{path.name}: describe the production failure"
+    assert _F.search(s.description) or _CLASS.search(s.description), (
+        f"{path.name}: the description names no field report (F1-F12), mission fault, "
+        "production ladder step or compound")
+
+
+def test_every_field_report_has_a_scenario() -> None:
+    named = {f"F{m}" for p in SHIPPED for m in _F.findall(load_scenario(p).description or "")}
+    assert set(FIELD_REPORTS) <= named, f"no scenario models {sorted(set(FIELD_REPORTS) - named)}"
+
+
+def test_catalogue_doc_lists_every_scenario_and_field_report() -> None:
+    text = CATALOGUE_DOC.read_text()
+    for path in SHIPPED:
+        assert f"scenarios/{path.name}" in text, f"docs/catalogue.md misses scenarios/{path.name}"
+    for f in FIELD_REPORTS:
+        assert re.search(rf"\b{f}\b", text), f"docs/catalogue.md misses {f}"
+    listed = set(re.findall(r"scenarios/([a-z0-9-]+\.yaml)", text))
+    stale = listed - {p.name for p in SHIPPED}
+    assert not stale, f"docs/catalogue.md lists scenarios that do not exist: {sorted(stale)}"
+
+
+def test_f1_f2_sweep_chunk_boundaries_with_local_prefix_cache() -> None:
+    """F1: k*256+r lengths; F2: N*256-1, N*256, N*256+1; both with the engine's own prefix cache."""
+    for path in SHIPPED:
+        s = load_scenario(path)
+        desc = s.description or ""
+        lengths = s.workload.prefix_tokens if isinstance(s.workload.prefix_tokens, list) else [s.workload.prefix_tokens]
+        if re.search(r"\bF1\b", desc) and s.engine.prefix_caching:
+            assert any(n % 256 for n in lengths) and any(n > 256 for n in lengths)
+        if re.search(r"\bF2\b", desc) and s.engine.prefix_caching:
+            assert any(n % 256 == 0 and n - 1 in lengths and n + 1 in lengths for n in lengths)
+
+
+def test_f12_scenario_has_tenants_and_isolation() -> None:
+    f12 = [load_scenario(p) for p in SHIPPED if re.search(r"\bF12\b", load_scenario(p).description or "")]
+    assert any(s.workload.tenants not in (1, None) and s.checks.isolation is not None for s in f12)
+
+
+def test_f11_scenario_kills_lmcache_and_checks_hit_recovery() -> None:
+    ok = False
+    for path in SHIPPED:
+        s = load_scenario(path)
+        kills = [f for _, _, f in s.faults() if f.kind == "kill" and f.service == "lmcache"]
+        if kills and s.checks.hit_recovery is not None:
+            ok = True
+    assert ok, "F11 needs a kill + restart of lmcache and hit_recovery on the phase after"
+
+
+def test_at_least_two_compound_scenarios() -> None:
+    """Two faults overlapping in time within one phase."""
+    compound = []
+    for path in SHIPPED:
+        s = load_scenario(path)
+        for phase in s.phases:
+            spans = [(f.start, f.start + (f.duration or 1e9)) for f in phase.faults]
+            if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1:]):
+                compound.append(s.name)
+                break
+    assert len(compound) >= 2, compound

@@ -1,0 +1,108 @@
+"""The bug zoo's matrix logic (chaos/zoo.py) on synthetic results: cells, escapes, exit code,
+the default plan, and the files it writes. No stack is started."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaos.engine.bugs import BUGS
+from chaos.scenario.loader import discover_scenarios, load_scenario
+from chaos.zoo import CLEAN, ZOO_MAP, ZooMatrix, cell_for, plan_rows
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOGUE = [load_scenario(p).name for p in discover_scenarios(REPO / "scenarios")]
+
+
+@pytest.mark.parametrize("verdict,planted,xfail,error,want", [
+    ("passed", False, False, False, "passed"),
+    ("passed", True, False, False, "passed"),        # the bug escaped this scenario
+    ("failed", True, False, False, "caught"),
+    ("failed", False, False, False, "failed"),       # the clean engine failed: not "caught"
+    ("unknown", True, False, False, "inconclusive"),  # a fault never bit proves nothing
+    ("unknown", False, False, False, "inconclusive"),
+    ("failed", True, True, False, "xfail"),          # a known upstream bug catches nothing
+    ("passed", False, True, False, "xfail"),
+    ("unknown", True, False, True, "error"),
+])
+def test_cell_for(verdict: str, planted: bool, xfail: bool, error: bool, want: str) -> None:
+    assert cell_for(verdict, planted=planted, xfail=xfail, error=error) == want
+
+
+def _matrix(cells: dict[str, dict[str, str]]) -> ZooMatrix:
+    m = ZooMatrix(rows=list(cells), columns=["a", "b", "c"])
+    for row, by_col in cells.items():
+        for col, cell in by_col.items():
+            m.set(row, col, cell, seconds=1.0)  # type: ignore[arg-type]
+    return m
+
+
+def test_every_bug_caught_and_clean_passing_exits_zero() -> None:
+    m = _matrix({CLEAN: {"a": "passed", "b": "passed", "c": "xfail"},
+                 "bug-x": {"a": "caught", "b": "passed"},
+                 "bug-y": {"c": "xfail", "b": "caught"}})
+    assert m.escaped() == [] and m.clean_failures() == []
+    assert m.exit_code() == 0
+
+
+def test_a_bug_that_passes_every_scenario_escapes() -> None:
+    m = _matrix({CLEAN: {"a": "passed"}, "bug-x": {"a": "passed", "b": "inconclusive", "c": "xfail"},
+                 "bug-y": {"a": "caught"}})
+    assert m.escaped() == ["bug-x"]
+    assert m.exit_code() == 1
+
+
+def test_a_bug_row_that_ran_nothing_escapes() -> None:
+    m = _matrix({CLEAN: {"a": "passed"}, "bug-x": {}})
+    assert m.escaped() == ["bug-x"] and m.exit_code() == 1
+
+
+@pytest.mark.parametrize("bad", ["failed", "inconclusive", "error"])
+def test_clean_engine_not_passing_fails_the_zoo(bad: str) -> None:
+    m = _matrix({CLEAN: {"a": "passed", "b": bad}, "bug-x": {"a": "caught"}})
+    assert m.clean_failures() == ["b"]
+    assert m.exit_code() == 1
+
+
+def test_cells_not_run_show_a_dash_and_files_are_written(tmp_path: Path) -> None:
+    m = _matrix({CLEAN: {"a": "passed", "b": "passed"}, "bug-x": {"b": "caught"}})
+    assert m.cell("bug-x", "a") == "-" and m.cell("bug-x", "c") == "-"
+    md, js = m.write(tmp_path / "zoo")
+    data = json.loads(js.read_text())
+    assert data["cells"]["bug-x"] == {"a": "-", "b": "caught", "c": "-"}
+    assert data["escaped"] == [] and data["exit_code"] == 0
+    text = md.read_text()
+    assert "| `bug-x` | - | caught | - |" in text
+    assert "| `clean` | passed | passed | - |" in text
+
+
+def test_matrix_is_a_function_of_the_cells() -> None:
+    """Same results in another order give the same files (reruns compare byte for byte)."""
+    a = _matrix({CLEAN: {"a": "passed", "b": "passed"}, "bug-x": {"b": "caught", "a": "passed"}})
+    b = _matrix({CLEAN: {"b": "passed", "a": "passed"}, "bug-x": {"a": "passed", "b": "caught"}})
+    assert a.to_markdown() == b.to_markdown()
+    assert a.to_json()["cells"] == b.to_json()["cells"]
+
+
+def test_default_plan_runs_the_catalogue_clean_and_the_map_per_bug() -> None:
+    plan = plan_rows(CATALOGUE, sorted(BUGS))
+    assert list(plan)[0] == CLEAN and plan[CLEAN] == CATALOGUE
+    for bug in BUGS:
+        assert plan[bug] and set(plan[bug]) == set(ZOO_MAP[bug])
+
+
+def test_full_and_chosen_plans() -> None:
+    full = plan_rows(CATALOGUE, ["drop-cache-salt"], full=True)
+    assert full["drop-cache-salt"] == CATALOGUE
+    chosen = plan_rows(CATALOGUE, ["drop-cache-salt"], scenarios=["tenant-isolation", "smoke"])
+    assert chosen == {CLEAN: ["smoke", "tenant-isolation"], "drop-cache-salt": ["smoke", "tenant-isolation"]}
+    with pytest.raises(ValueError, match="unknown scenario"):
+        plan_rows(CATALOGUE, [], scenarios=["no-such-scenario"])
+
+
+def test_zoo_map_covers_every_planted_bug_with_catalogue_scenarios() -> None:
+    assert set(ZOO_MAP) == set(BUGS), "every planted bug needs scenarios meant to catch it"
+    for bug, names in ZOO_MAP.items():
+        assert names and set(names) <= set(CATALOGUE), f"{bug}: {names}"

@@ -1,0 +1,102 @@
+"""`kvchaos run --backend compose` end to end on the reference stack in Docker.
+
+- a node-exit scenario passes with the LMCache container killed and restarted by the fault,
+  and gives the same verdict as under the local backend;
+- after a passing run, a failing run and a run interrupted with SIGINT, no container, network
+  or volume of kvchaos is left.
+
+Needs the image kvchaos/reference:latest (scripts/build-image.sh). Under CI (CI=true) a missing
+image is an error, not a skip: the compose backend must really be tested there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.stack.compose import image_exists
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "kvchaos/reference:latest"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def image(docker):
+    if not image_exists(docker, IMAGE):
+        msg = f"image {IMAGE} is not present: build it with scripts/build-image.sh"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return IMAGE
+
+
+def kvchaos_containers(docker) -> list[str]:
+    """Containers and networks of any kvchaos compose project."""
+    names = [c.name for c in docker.containers.list(all=True, filters={"label": "com.docker.compose.project"})
+             if c.labels.get("com.docker.compose.project", "").startswith("kvchaos-")]
+    names += [n.name for n in docker.networks.list() if n.name.startswith("kvchaos-")]
+    names += [v.name for v in docker.volumes.list() if v.name.startswith("kvchaos-")]
+    return names
+
+
+def run(args: list[str], tmp_path: Path, env_extra: dict[str, str] | None = None,
+        timeout: float = 600) -> tuple[int, dict]:
+    env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"), **(env_extra or {}))
+    reports = tmp_path / "reports"
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "run", *args, "--report-dir", str(reports)],
+                       env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    results = {}
+    for res in reports.glob("*/result.json"):
+        data = json.loads(res.read_text())
+        results[data["scenario"]] = data
+    return r.returncode, {"results": results, "out": r.stdout + r.stderr}
+
+
+def test_node_exit_under_compose_matches_local(image, docker, tmp_path):
+    code, got = run(["scenarios/node-exit-lmcache.yaml", "--backend", "compose"], tmp_path / "compose")
+    result = got["results"]["node-exit-lmcache"]
+    assert code == 0, got["out"][-4000:]
+    kill = [f for f in result["faults"] if f["kind"] == "kill"]
+    assert kill and kill[0]["bit"] is True and kill[0]["params"]["service"] == "lmcache"
+    assert result["service_exits"] and all(e["killed_by_fault"] for e in result["service_exits"])
+    assert kvchaos_containers(docker) == []
+
+    local_code, local = run(["scenarios/node-exit-lmcache.yaml", "--backend", "local"], tmp_path / "local")
+    assert local_code == code, local["out"][-4000:]
+    assert local["results"]["node-exit-lmcache"]["verdict"] == result["verdict"]
+
+
+def test_failing_run_leaves_nothing(image, docker, tmp_path):
+    code, got = run(["scenarios/smoke.yaml", "--backend", "compose", "--bug", "hit-plus-one-chunk"], tmp_path)
+    assert code == 1, got["out"][-4000:]
+    assert got["results"]["smoke"]["verdict"] == "failed"
+    assert kvchaos_containers(docker) == []
+
+
+def test_sigint_mid_run_leaves_nothing(image, docker, tmp_path):
+    env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", "scenarios/node-exit-lmcache.yaml",
+                             "--backend", "compose", "--report-dir", str(tmp_path / "reports")],
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(
+                c.status == "running" and c.labels.get("com.docker.compose.service") == "engine"
+                for c in docker.containers.list(filters={"label": "com.docker.compose.project"})):
+            time.sleep(1)
+        time.sleep(5)  # the stack is up; the scenario is running
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode not in (0, 1), out[-3000:]
+    assert kvchaos_containers(docker) == [], out[-3000:]
