@@ -1,34 +1,37 @@
-# kvchaos: every target does its own set-up (scripts/setup.sh is idempotent).
+# kvchaos: every target does its own set-up (scripts/setup.sh and scripts/build-image.sh are
+# idempotent).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 KVCHAOS := $(VENV)/bin/kvchaos
-SUITE ?= scenarios/smoke.yaml scenarios/lookup-timeout.yaml
+# The default suite of `make demo`: no fault, a lookup stall, a node exit.
+SUITE ?= scenarios/smoke.yaml scenarios/lookup-timeout.yaml scenarios/node-exit-lmcache.yaml
 
-.PHONY: setup demo test test-fast test-chaos zoo bench clean
+.PHONY: setup image demo test test-fast zoo bench clean
 
 setup:
 	bash scripts/setup.sh
+
+## The Docker image of the reference stack for --backend compose (Docker engine, offline base).
+image: setup
+	bash scripts/build-image.sh
 
 ## The main job: the default chaos scenario suite against the reference stack (local processes).
 demo: setup
 	$(KVCHAOS) run $(SUITE)
 
-## Every test: unit, integration (real LMCache, Redis, proxy) and the chaos scenarios.
-test: setup
-	$(PY) -m pytest -q -m "not chaos" tests
-	$(PY) -m pytest -q -m chaos -p no:cacheprovider --junitxml=reports/junit-chaos.xml
+## Every test: unit and integration (real LMCache, Redis, proxy, Docker), then the scenarios.
+test: setup image
+	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m chaos --junitxml=reports/junit-chaos.xml
 
+## Unit tests only (no real servers, no Docker).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not chaos" tests
-
-## The bug zoo: the catalogue against the clean engine and each planted bug -> reports/zoo/
-## (ZOO_ARGS="--full" for the whole matrix, "--scenarios smoke,preemption" to choose).
-zoo: setup
-	$(PY) -m chaos.zoo $(ZOO_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not chaos" tests
 
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py
 	$(PY) benchmarks/ttft_hit.py
+	$(PY) benchmarks/suite_overhead.py
 
 clean:
-	rm -rf $(VENV) reports/* .pytest_cache
+	rm -rf $(VENV) reports/*/ .pytest_cache
