@@ -42,7 +42,7 @@ def _add_layer_commands() -> None:
 
 _add_layer_commands()
 
-console = Console(stderr=True)
+console = Console(stderr=True, log_path=False)
 out = Console(width=120)
 
 
