@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,27 @@ class Stack(abc.ABC):
         """Exits no kvchaos action caused (for the liveness check)."""
         self.status()
         return [e for e in self.exits if not e.expected]
+
+    def _start_in_dependency_order(self, names: list[str], start: Callable[[list[str]], None],
+                                   wait: Callable[[list[str]], None]) -> None:
+        """Start ``names`` wave by wave: a service starts once each ``depends_on`` entry is
+        started (``service_started``) or healthy (``service_healthy``); ``wait`` blocks until
+        the services given are healthy. Everything started is waited for at the end."""
+        pending = [n for n in self.spec.services if n in names]
+        started: set[str] = set()
+        healthy: set[str] = set()
+        while pending:
+            ready = [n for n in pending if all(
+                (d in healthy) if c == "service_healthy" else (d in started)
+                for d, c in self.spec.services[n].dependencies().items())]
+            if ready:
+                start(ready)
+                started.update(ready)
+                pending = [n for n in pending if n not in ready]
+                continue
+            wait(sorted(started - healthy))
+            healthy |= started
+        wait(sorted(started - healthy))
 
     # --- proxy -------------------------------------------------------------------------
     def populate_links(self) -> None:

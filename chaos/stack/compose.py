@@ -588,21 +588,10 @@ class ComposeStack(Stack):
             self.write_compose_file(doc)
             if self.settings.proxy is not None and self.settings.proxy.service is None:
                 self.populate_links()
-            pending = list(self.spec.services)
-            started: set[str] = set()
-            healthy: set[str] = set()
-            while pending:
-                ready = [n for n in pending if all(
-                    (d in healthy) if c == "service_healthy" else (d in started)
-                    for d, c in self.spec.services[n].dependencies().items())]
-                if ready:
-                    self._compose("up", "-d", "--no-deps", "--no-build", *ready)
-                    started.update(ready)
-                    pending = [n for n in pending if n not in ready]
-                    continue
-                self._wait_many(sorted(started - healthy))
-                healthy |= started
-            self._wait_many(sorted(started - healthy))
+            self._start_in_dependency_order(
+                list(self.spec.services),
+                lambda names: self._compose("up", "-d", "--no-deps", "--no-build", *names),
+                self._wait_many)
         except BaseException:
             self.down()
             raise

@@ -228,22 +228,8 @@ class LocalStack(Stack):
             self.populate_links()
         wanted = self.spec.with_dependencies(services) if services else list(self.spec.services)
         try:
-            pending = [n for n in self.spec.services if n in wanted]
-            started: set[str] = set()
-            healthy: set[str] = set()
-            while pending:
-                ready = [n for n in pending if all(
-                    (d in healthy) if c == "service_healthy" else (d in started)
-                    for d, c in self.spec.services[n].dependencies().items())]
-                if ready:
-                    for n in ready:
-                        self._spawn(n)
-                        started.add(n)
-                        pending.remove(n)
-                    continue
-                self._wait_many(sorted(started - healthy))
-                healthy |= started
-            self._wait_many(sorted(started - healthy))
+            self._start_in_dependency_order(wanted, lambda names: [self._spawn(n) for n in names],
+                                            self._wait_many)
         except BaseException:
             self.down()
             raise
