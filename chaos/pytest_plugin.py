@@ -58,6 +58,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     except ValueError:
         if file_path.resolve() != root:
             return None
+    from chaos.scenario.loader import is_stack_file
+
+    if is_stack_file(file_path):  # a stack file kept next to its scenarios
+        return None
     return ScenarioFile.from_parent(parent, path=file_path)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError, format_path, load_model
 
-__all__ = ["load_scenario", "validate_against_stack", "discover_scenarios", "SCENARIO_SUFFIXES"]
+__all__ = ["load_scenario", "validate_against_stack", "discover_scenarios", "is_stack_file", "SCENARIO_SUFFIXES"]
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 
@@ -89,4 +89,18 @@ def discover_scenarios(root: str | Path) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise ConfigError(str(root), None, None, "no such file or folder")
-    return sorted(p for p in root.rglob("*") if p.suffix in SCENARIO_SUFFIXES and p.is_file())
+    return sorted(p for p in root.rglob("*") if p.suffix in SCENARIO_SUFFIXES and p.is_file()
+                  and not is_stack_file(p))
+
+
+def is_stack_file(path: str | Path) -> bool:
+    """True for a compose-format stack file (top-level ``services``, no ``phases``), which may
+    sit next to scenarios but is not one. Unreadable or invalid YAML counts as a scenario, so
+    that its error is reported where it belongs."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "services" in data and "phases" not in data

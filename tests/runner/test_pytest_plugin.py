@@ -1,0 +1,56 @@
+"""The pytest plugin: scenarios as items, deselected unless `-m chaos`, short failures, JUnit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A folder with two scenarios (one passes, one is inconclusive) and their stacks."""
+    scen = tmp_path / "scenarios"
+    scen.mkdir()
+    for name in ("hold-latency.yaml", "idle-link.yaml", "proxy-redis.yml", "proxy-redis-idle.yml"):
+        shutil.copy(DATA / name, scen / name)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = scenarios\n")
+    return tmp_path
+
+
+def pytest_in(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KVCHAOS_STATE_DIR=str(project / "state"))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_plain_pytest_starts_no_stack(project):
+    r = pytest_in(project, "-q")
+    assert "2 deselected" in r.stdout, r.stdout
+    assert not (project / "reports").exists()
+
+
+def test_chaos_marker_runs_scenarios_with_short_failures_and_junit(project):
+    r = pytest_in(project, "-m", "chaos", "--junitxml", "junit.xml", "-rA")
+    out = r.stdout
+    assert r.returncode == 1, out
+    assert "1 failed, 1 passed" in out
+    # The inconclusive scenario fails with the check's one-line explanation, not a traceback.
+    assert "evidence unknown: inconclusive: 1 of 1 faults did not bite" in out
+    assert "Traceback" not in out
+    assert "kvchaos scenario times" in out
+    suite = ET.parse(project / "junit.xml").getroot().find("testsuite")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert set(cases) == {"hold-latency", "idle-link"}
+    assert cases["idle-link"].find("failure") is not None
+    assert cases["hold-latency"].find("failure") is None
+    report = [p for p in cases["hold-latency"].iter("property") if p.get("name") == "report"]
+    assert report and Path(report[0].get("value")).name == "report.html"
