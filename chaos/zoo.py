@@ -5,7 +5,8 @@
                                    │           (clean: every scenario; a bug: those in ZOO_MAP,
                                    │            or every one with --full, or --scenarios)
                                    ▼
-    one StackPool for the whole zoo (a new bug restarts only the engine) ─> RunResult per cell
+    one StackPool for the whole zoo (a new bug restarts only the engine; a cell left holding
+    locks or sessions gets LMCache and the engine restarted before the next) ─> RunResult per cell
                                    ▼
     reports/zoo/matrix.md + matrix.json; exit 1 when a planted bug escapes every scenario it
     ran or the clean engine does not pass one
@@ -18,6 +19,7 @@ scenarios' own (fixed), so reruns give the same matrix.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,7 +30,8 @@ import typer
 
 from chaos.engine.bugs import BUGS
 
-__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "plan_rows", "run_zoo", "zoo"]
+__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "leftover_state", "plan_rows", "restart_dirty",
+           "run_zoo", "zoo"]
 
 #: The row of the engine with no planted bug.
 CLEAN = "clean"
@@ -41,6 +44,9 @@ ZOO_MAP: dict[str, list[str]] = {
     "hit-plus-one-chunk": ["chunk-boundary-full-hit", "smoke"],
     "drop-cache-salt": ["tenant-isolation"],
     "stale-blocks-on-resume": ["preemption"],
+    "retry-failed-load-forever": ["retrieve-fail-after-lookup", "lmcache-pause"],
+    "repoll-timed-out-lookup": ["lookup-timeout", "lmcache-pause"],
+    "no-reconnect": ["lmcache-restart", "lookup-timeout"],
     "store-before-compute": ["smoke", "ladder-engine-restart"],
 }
 
@@ -199,6 +205,53 @@ def plan_rows(catalogue: list[str], bugs: Iterable[str], *, full: bool = False,
     return plan
 
 
+def leftover_state(stack: object) -> dict[str, float]:
+    """Leak-source counters of a running stack that are not zero (or could not be read: -1).
+
+    A planted bug may leave LMCache holding read locks and sessions; on a reused stack they
+    would fail the *next* cell's ``leaks`` check and credit it with a catch it did not make.
+
+    Args:
+        stack: a running Stack (its ``spec.settings.leak_sources``).
+
+    Returns:
+        ``{"<source>.<field>": value}`` for every non-zero or unreadable field; empty when clean.
+    """
+    import httpx
+
+    from chaos.runner.leaks import read_source
+
+    left: dict[str, float] = {}
+    with httpx.Client(timeout=5.0) as client:
+        for source in stack.spec.settings.leak_sources:  # type: ignore[attr-defined]
+            try:
+                values = read_source(source, client)
+            except (httpx.HTTPError, ValueError):
+                left[f"{source.name}.*"] = -1.0
+                continue
+            left.update({f"{source.name}.{k}": v for k, v in values.items() if v is None or v != 0})
+    return {k: (-1.0 if v is None else v) for k, v in left.items()}
+
+
+def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
+    """Restart the services of the leak sources that hold something (LMCache before the engine,
+    so the engine reconnects to a fresh server); returns the services restarted."""
+    left = leftover_state(stack)
+    if not left:
+        return []
+    names = {s.name: s.service for s in stack.spec.settings.leak_sources}  # type: ignore[attr-defined]
+    services = sorted({names[k.split(".")[0]] for k in left if names.get(k.split(".")[0])},
+                      key=lambda n: (n != stack.spec.settings.lmcache, n))  # type: ignore[attr-defined]
+    engine = stack.spec.settings.engine  # type: ignore[attr-defined]
+    if services and engine and engine not in services:
+        services.append(engine)  # a new LMCache server: the engine must connect afresh too
+    say(f"stack not clean ({', '.join(f'{k}={v:g}' for k, v in sorted(left.items()))}): "
+        f"restarting {', '.join(services)}")
+    for name in services:
+        stack.restart(name)  # type: ignore[attr-defined]
+    return services
+
+
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0,
             say: Callable[[str], None] = lambda _m: None) -> ZooMatrix:
@@ -226,6 +279,12 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
 
     columns = [s.name for s in load_and_validate(scenario_paths)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        # Between scenarios too: leave through ``finally`` so the stacks come down.
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    old_handler = signal.signal(signal.SIGTERM, on_sigterm)
     pool = StackPool(backend, report_dir / new_run_id("zoo-stacks"))
     try:
         for row, names in plan.items():
@@ -243,8 +302,11 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 except (StackError, ConfigError) as exc:
                     result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
                 else:
+                    restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
                                           progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
+                if result.error and result.error.startswith("interrupted"):
+                    raise KeyboardInterrupt(result.error)  # Ctrl-C / SIGTERM: stop the zoo, not one cell
                 cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
                                 error=result.error is not None)
                 elapsed = time.monotonic() - t0
@@ -252,6 +314,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
     finally:
         pool.close()
+        signal.signal(signal.SIGTERM, old_handler)
     return matrix
 
 
@@ -259,6 +322,8 @@ def zoo(
     scenarios_dir: Path = typer.Option(Path("scenarios"), "--catalogue", help="folder of catalogue scenarios"),
     scenarios: list[str] = typer.Option(None, "--scenarios", "-s",
                                         help="run only these scenarios (names; repeatable or comma-separated)"),
+    exclude: list[str] = typer.Option(None, "--exclude", "-x",
+                                      help="leave these scenarios out of the catalogue (repeatable or comma-separated)"),
     bugs: list[str] = typer.Option(None, "--bug", help="only these planted bugs (repeatable; default all)"),
     full: bool = typer.Option(False, "--full", help="every bug against every scenario"),
     out: Path = typer.Option(Path("reports/zoo"), "--out", help="where matrix.md and matrix.json go"),
@@ -285,6 +350,11 @@ def zoo(
     try:
         paths = discover_scenarios(scenarios_dir)
         catalogue = [s.name for s in load_and_validate(paths)]
+        skip = {n.strip() for s in (exclude or []) for n in s.split(",") if n.strip()}
+        if skip - set(catalogue):
+            raise ValueError(f"--exclude names unknown scenario(s) {sorted(skip - set(catalogue))}")
+        paths = [p for p, n in zip(paths, catalogue) if n not in skip]
+        catalogue = [n for n in catalogue if n not in skip]
         plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)

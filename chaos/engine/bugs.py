@@ -21,6 +21,15 @@ BUGS: dict[str, str] = {
     "drop-cache-salt": "cache_salt is left out of the LMCache key and the local prefix-cache hash",
     # F10: bookkeeping drift under preemption.
     "stale-blocks-on-resume": "a preempted request resumes on its old block ids without recompute",
+    # F4: a failed load is retried forever instead of recomputed (head-of-line livelock).
+    "retry-failed-load-forever":
+        "a failed LMCache load is retried every step (the failure mark is never cleared), "
+        "never recomputed; admission waits behind it",
+    # F5: a timed-out lookup is polled again; the adapter's KeyError kills the engine.
+    "repoll-timed-out-lookup":
+        "a timed-out lookup is polled again; the adapter raises KeyError and the engine dies",
+    # F11: the client never reconnects after losing the LMCache server.
+    "no-reconnect": "once LMCache is unhealthy, never use it again (no lookups, stores, hits)",
     # store ordering: the chunk's KV is not computed yet when it is stored.
     "store-before-compute":
         "full chunks are stored right after allocation, before their KV is computed",

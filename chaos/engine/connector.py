@@ -14,6 +14,15 @@ The worker runs LMCache's engine-driven transfer on CPU (synchronous gather/scat
 shared memory), so a retrieve or store has finished when its submit returns. Every MQ call is
 bounded by ``mq_timeout``. While the server is unhealthy the adapters drop calls; the
 clean-ups we could not send (lock frees, END_SESSION) are kept and sent once it is healthy.
+
+Replaying kept clean-ups must not invent state on a server that never saw the request: the
+server's FREE_LOOKUP_LOCKS handler creates a session for any request id (lmcache
+``LookupModule.free_lookup_locks``: ``session_manager.get_or_create``), and the adapter's
+``end_session`` silently skips END_SESSION while a LOOKUP or status query of the request is
+unanswered (it marks the server unhealthy instead). A LOOKUP still unanswered ``mq_timeout``
+after the server answers pings again was lost with the connection (a restarted server never
+got it), so it holds no lock anywhere we can reach: its lock frees are dropped, the adapter's
+stale futures are discarded, and END_SESSION is sent (it never creates a session).
 """
 
 from __future__ import annotations
@@ -81,9 +90,17 @@ class LMCacheConnector:
         # request was preempted while LMCache was unhealthy) must not end a later one.
         self._attempt: dict[str, int] = {}
         self.open_sessions: set[str] = set()
-        self._deferred: list[tuple[str, Callable[[], None]]] = []
+        # Clean-ups kept while the server was unhealthy, in order: (request id, is a lock free,
+        # send); ``send`` returns False when the adapter dropped the call (retry later).
+        self._deferred: list[tuple[str, bool, Callable[[], bool]]] = []
+        # Request id -> when a replay first found its LOOKUP (or status query) unanswered.
+        self._replay_waiting: dict[str, float] = {}
+        # Requests whose unanswered lookup was given up as lost: their lock frees are dropped.
+        self._lost_lookups: set[str] = set()
         self._stop = threading.Event()
         self._connect_thread: threading.Thread | None = None
+        # Planted bug ``no-reconnect``: the connection was given up for good.
+        self.abandoned = False
 
     # ---- connection -------------------------------------------------------------------
     def start(self) -> None:
@@ -162,9 +179,39 @@ class LMCacheConnector:
 
     @property
     def healthy(self) -> bool:
-        """Connected and both adapters' last heartbeat succeeded."""
-        return (self.connected and self.scheduler.is_healthy  # type: ignore[union-attr]
+        """Connected and both adapters' last heartbeat succeeded (never once abandoned)."""
+        return (self.connected and not self.abandoned
+                and self.scheduler.is_healthy  # type: ignore[union-attr]
                 and self.worker.is_healthy)  # type: ignore[union-attr]
+
+    def abandon(self) -> None:
+        """Planted bug ``no-reconnect`` (F11): give the connection up for good.
+
+        From now on nothing is sent to LMCache (no lookup, retrieve, store or clean-up) and
+        nothing of it is remembered (kept clean-ups and open sessions are forgotten), as a
+        client that dropped its connection object and never made a new one.
+        """
+        if self.abandoned:
+            return
+        self.abandoned = True
+        self._deferred.clear()
+        self._replay_waiting.clear()
+        self.open_sessions.clear()
+        self._lookup_started.clear()
+        log.warning("planted bug no-reconnect: LMCache at %s abandoned for good", self.url)
+
+    def repoll_timed_out_lookup(self, request_id: str) -> int:
+        """Planted bug ``repoll-timed-out-lookup`` (F5, LMCache PR 3766): poll a timed-out
+        lookup again, the way the pre-fix code did.
+
+        The timeout handling drops the adapter's state for the request; reading its result
+        table by request id afterwards raises the ``KeyError`` that killed the worker.
+
+        Raises:
+            KeyError: always, once the timeout dropped the request's lookup state.
+        """
+        self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
+        return self.scheduler._finished_lookup_results[request_id]  # type: ignore[union-attr]
 
     def state(self) -> str:
         """``healthy`` | ``unhealthy`` | ``connecting`` for /debug/state."""
@@ -185,6 +232,7 @@ class LMCacheConnector:
             request_id, token_ids, cache_salt=salt, reserve_last_token=True)
         self._lookup_started[request_id] = time.monotonic()
         self._attempt[request_id] = self._attempt.get(request_id, 0) + 1
+        self._lost_lookups.discard(request_id)
         self.open_sessions.add(request_id)
         return True
 
@@ -224,11 +272,17 @@ class LMCacheConnector:
         if end <= start:
             return
 
-        def send() -> None:
+        def send() -> bool:
+            # The adapter drops the call only when unhealthy at entry; once past that check
+            # the FREE is on the wire, and it must never be sent twice (the server's L1 read
+            # locks are anonymous counts: a second release could strip another reader's).
+            if not self.scheduler.is_healthy:  # type: ignore[union-attr]
+                return False
             self.scheduler.free_lookup_locks(  # type: ignore[union-attr]
                 token_ids, start, end, request_id, cache_salt=salt)
+            return True
 
-        self._send_or_defer(request_id, send)
+        self._send_or_defer(request_id, True, send)
 
     def end_request(self, request_id: str) -> None:
         """END_SESSION and forget the lookup (deferred while the server is unhealthy)."""
@@ -238,15 +292,24 @@ class LMCacheConnector:
 
         attempt = self._attempt.get(request_id, 0)
 
-        def send() -> None:
+        def send() -> bool:
             if self._attempt.get(request_id, 0) != attempt:
-                return  # a newer attempt owns the session now; its own end will end it
-            self.scheduler.end_session(request_id)  # type: ignore[union-attr]
-            self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
+                return True  # a newer attempt owns the session now; its own end will end it
+            scheduler = self.scheduler
+            if not scheduler.is_healthy:  # type: ignore[union-attr]
+                return False
+            scheduler.end_session(request_id)  # type: ignore[union-attr]
+            if not scheduler.is_healthy:  # type: ignore[union-attr]
+                # The adapter gave up waiting for this request's LOOKUP or status reply and
+                # skipped END_SESSION (it marks the server unhealthy when it does): retry.
+                return False
+            scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
             self.open_sessions.discard(request_id)
             self._attempt.pop(request_id, None)
+            self._lost_lookups.discard(request_id)
+            return True
 
-        self._send_or_defer(request_id, send)
+        self._send_or_defer(request_id, False, send)
 
     def forget_lookup(self, request_id: str) -> None:
         """Drop the adapter's cached lookup result so that a resumed request looks up again."""
@@ -254,22 +317,68 @@ class LMCacheConnector:
             self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
         self._lookup_started.pop(request_id, None)
 
-    def _send_or_defer(self, request_id: str, send: Callable[[], None]) -> None:
-        if self.healthy:
+    def _send_or_defer(self, request_id: str, is_free: bool, send: Callable[[], bool]) -> None:
+        if self.abandoned:
+            return
+        if self.healthy and not self._deferred_for(request_id):
             try:
-                send()
-                return
+                if send():
+                    return
             except Exception as exc:  # noqa: BLE001
                 log.warning("LMCache clean-up for %s failed, will retry: %s", request_id, exc)
-        self._deferred.append((request_id, send))
+        self._deferred.append((request_id, is_free, send))
+
+    def _deferred_for(self, request_id: str) -> bool:
+        """True while earlier clean-ups of ``request_id`` are kept (keep them in order)."""
+        return any(rid == request_id for rid, _, _ in self._deferred)
+
+    def unanswered_lookup(self, request_id: str) -> bool:
+        """True while the adapter waits for a reply to the request's LOOKUP or status query.
+
+        Reads the adapter's bookkeeping (``_unacked_lookups``, ``_lookup_status``): its
+        ``end_session`` skips END_SESSION while either is unanswered, and it has no public
+        accessor for them.
+        """
+        scheduler = self.scheduler
+        if scheduler is None:
+            return False
+        ack = getattr(scheduler, "_unacked_lookups", {}).get(request_id)
+        if ack is not None and any(not f.query() for f in ack.futures.values()):
+            return True
+        status = getattr(scheduler, "_lookup_status", {}).get(request_id, {})
+        return any(not fut.query() for fut, _ in status.values())
 
     def flush_deferred(self) -> None:
-        """Send the clean-ups kept while the server was unhealthy (call once per step)."""
+        """Send the clean-ups kept while the server was unhealthy (call once per step).
+
+        A request whose LOOKUP (or status query) is still unanswered waits up to
+        ``mq_timeout`` of health for the reply (a stalled link delivers it late, and then the
+        server does hold the locks); after that the message was lost with the connection:
+        its lock frees are dropped (nothing of it is locked on this server, and FREE would
+        create a session here), the adapter's stale futures are discarded and END_SESSION is
+        sent.
+        """
         if not self._deferred or not self.healthy:
             return
         pending, self._deferred = self._deferred, []
-        for request_id, send in pending:
-            self._send_or_defer(request_id, send)
+        now = time.monotonic()
+        for request_id, is_free, send in pending:
+            if self._deferred_for(request_id):
+                self._deferred.append((request_id, is_free, send))  # keep the order
+                continue
+            if request_id not in self._lost_lookups and self.unanswered_lookup(request_id):
+                since = self._replay_waiting.setdefault(request_id, now)
+                if now - since < self.mq_timeout:
+                    self._deferred.append((request_id, is_free, send))
+                    continue
+                log.warning("LMCache never answered the lookup of %s: it was lost with the "
+                            "connection; dropping its lock frees", request_id)
+                self._lost_lookups.add(request_id)
+                self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
+            self._replay_waiting.pop(request_id, None)
+            if is_free and request_id in self._lost_lookups:
+                continue
+            self._send_or_defer(request_id, is_free, send)
 
     # ---- worker: retrieve / store -----------------------------------------------------
     def retrieve(self, request_id: str, token_ids: list[int], salt: str, start: int,
@@ -281,7 +390,7 @@ class LMCacheConnector:
         """
         from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
-        if not self.connected:
+        if not self.connected or self.abandoned:
             return False
         worker = self.worker
         op = LoadStoreOp(token_ids=list(token_ids), block_ids=[list(block_ids)], start=start,

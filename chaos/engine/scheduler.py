@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -183,6 +184,9 @@ class EngineCore:
         """
         self._drain_inbox()
         if self.connector is not None:
+            if ("no-reconnect" in self.bugs and self.connector.connected
+                    and not self.connector.healthy):
+                self.connector.abandon()
             self.connector.flush_deferred()
         self._progress_aborting()
         self._admit()
@@ -289,6 +293,9 @@ class EngineCore:
             self.running.append(req)
             req.phase = Phase.RUNNING
             self._load_external(req, local_hit)
+            if req.phase is Phase.WAITING:
+                blocked = True  # planted retry-failed-load-forever: the head waits to retry
+                continue
             if req.phase is not Phase.RUNNING:
                 continue
             if not req.stats_frozen:
@@ -322,6 +329,8 @@ class EngineCore:
         outcome = conn.poll_lookup(req.request_id)
         if outcome.status == "pending":
             return False
+        if outcome.status == "timeout" and "repoll-timed-out-lookup" in self.bugs:
+            self._repoll_timed_out_lookup(req)
         req.lookup_status = outcome.status
         req.lookup_tokens = outcome.tokens
         if outcome.status in ("timeout", "error"):
@@ -331,6 +340,35 @@ class EngineCore:
         elif outcome.status == "error":
             self.metrics.inc("kvchaos_engine_lookup_errors_total")
         return True
+
+    def _repoll_timed_out_lookup(self, req: Request) -> None:
+        """Planted bug ``repoll-timed-out-lookup`` (F5): poll the timed-out lookup again.
+
+        Outside ``poll_lookup``'s guard, the adapter's ``KeyError`` escapes; like vLLM's engine
+        core, whose busy loop dies on any exception, the engine process exits.
+        """
+        try:
+            self.connector.repoll_timed_out_lookup(req.request_id)  # type: ignore[union-attr]
+        except KeyError:
+            log.critical("engine core died: KeyError polling the timed-out lookup of %s",
+                         req.request_id, exc_info=True)
+            logging.shutdown()
+            os._exit(70)
+
+    def _retry_load_later(self, req: Request) -> None:
+        """Planted bug ``retry-failed-load-forever`` (F4): requeue a request whose load
+        failed at the head of the queue, still counting on its hit, to retrieve it again next
+        step instead of recomputing; nothing behind it is admitted meanwhile. The failure
+        mark (``load_failed_tokens``) is never cleared, so even a retry that loads is
+        retried: the request never finishes (vLLM issue 49176's livelock)."""
+        self.running.remove(req)
+        if req.block_table:
+            self.blocks.free(req.block_table)
+            req.block_table = []
+        req.num_computed = 0
+        req.num_registered_blocks = 0
+        req.phase = Phase.WAITING
+        self.waiting.appendleft(req)
 
     def _free_unknown_locks(self, req: Request) -> None:
         """Free whatever a lookup with an unknown outcome may have locked.
@@ -367,6 +405,10 @@ class EngineCore:
         if not ok:
             self.metrics.inc("kvchaos_engine_load_failures_total")
             self.metrics.inc("kvchaos_engine_load_failed_tokens_total", hit - local_hit)
+            if "retry-failed-load-forever" in self.bugs:
+                req.load_failed_tokens += hit - local_hit
+                self._retry_load_later(req)
+                return
             req.load_failed_tokens += hit - local_hit
             conn.free_locks(req.request_id, req.prompt, salt, start, hit)
             if "trust-failed-load" not in self.bugs:
@@ -375,6 +417,9 @@ class EngineCore:
                         f"KV load from LMCache failed for {hit - local_hit} tokens "
                         "(kv_load_failure_policy=fail)"), code=500)
                 return
+        elif "retry-failed-load-forever" in self.bugs and req.load_failed_tokens:
+            self._retry_load_later(req)  # the failure mark is never cleared: retry again
+            return
         computed = hit
         if "hit-plus-one-token" in self.bugs:
             computed = min(hit + 1, len(req.prompt) - 1)

@@ -106,3 +106,88 @@ def test_zoo_map_covers_every_planted_bug_with_catalogue_scenarios() -> None:
     assert set(ZOO_MAP) == set(BUGS), "every planted bug needs scenarios meant to catch it"
     for bug, names in ZOO_MAP.items():
         assert names and set(names) <= set(CATALOGUE), f"{bug}: {names}"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--bug", "no-such-bug"], "unknown --bug"),
+    (["--scenarios", "no-such-scenario"], "unknown scenario"),
+    (["--exclude", "no-such-scenario"], "--exclude names unknown"),
+])
+def test_zoo_command_rejects_bad_arguments_before_any_stack(args: list[str], msg: str) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from chaos.zoo import zoo
+
+    app = typer.Typer()
+    app.command()(zoo)
+    r = CliRunner().invoke(app, ["--catalogue", str(REPO / "scenarios"), *args])
+    assert r.exit_code == 2, r.output
+    assert msg in r.output
+
+
+class _FakeStack:
+    """Just enough of a Stack for restart_dirty: leak sources served over HTTP, a restart log."""
+
+    def __init__(self, url: str) -> None:
+        from types import SimpleNamespace
+
+        from chaos.stack.spec import LeakSource
+
+        sources = [LeakSource(name="lmcache", service="lmcache", url=f"{url}/status",
+                              fields={"read_locked_count": "l1.read_locked_count", "active_sessions": "sessions"}),
+                   LeakSource(name="engine", service="engine", url=f"{url}/debug/state",
+                              fields={"open_sessions": "num_open_sessions"})]
+        self.spec = SimpleNamespace(settings=SimpleNamespace(leak_sources=sources, lmcache="lmcache", engine="engine"))
+        self.restarted: list[str] = []
+
+    def restart(self, service: str) -> None:
+        self.restarted.append(service)
+
+
+@pytest.fixture()
+def leak_server():
+    """An HTTP server answering the two leak sources from a mutable dict."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    state = {"/status": {"l1": {"read_locked_count": 0}, "sessions": 0}, "/debug/state": {"num_open_sessions": 0}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(state[self.path]).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_a) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", state
+    server.shutdown()
+
+
+def test_a_clean_stack_is_not_restarted(leak_server) -> None:
+    from chaos.zoo import leftover_state, restart_dirty
+
+    url, _state = leak_server
+    stack = _FakeStack(url)
+    assert leftover_state(stack) == {}
+    assert restart_dirty(stack, lambda _m: None) == [] and stack.restarted == []
+
+
+def test_leftover_locks_restart_lmcache_then_the_engine(leak_server) -> None:
+    """A planted bug that left read locks must not be credited to the next cell's leaks check."""
+    from chaos.zoo import leftover_state, restart_dirty
+
+    url, state = leak_server
+    state["/status"] = {"l1": {"read_locked_count": 18}, "sessions": 8}
+    stack = _FakeStack(url)
+    assert leftover_state(stack) == {"lmcache.read_locked_count": 18, "lmcache.active_sessions": 8}
+    said: list[str] = []
+    assert restart_dirty(stack, said.append) == ["lmcache", "engine"]
+    assert stack.restarted == ["lmcache", "engine"] and "read_locked_count=18" in said[0]

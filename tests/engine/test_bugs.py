@@ -188,3 +188,123 @@ def test_stale_blocks_on_resume(planted: bool, make_engine, twin: Engine,
     misbehaved = any(ids(results[i]) != ids(twin.complete(prompts[i], 260, ignore_eos=True))
                      for i in range(4))
     assert misbehaved == planted
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_retry_failed_load_forever(planted: bool, make_engine, twin: Engine,
+                                   clean_fragile: Engine, fragile_stack: LMCacheStack) -> None:
+    """F4: a load that keeps failing must fall back to recompute, and not wedge the queue.
+
+    LMCache stops answering between the lookup (a hit) and the retrieve and stays down for
+    10 s: every retrieve fails. A second request (a miss) arrives meanwhile. Both must finish
+    while LMCache is still down.
+    """
+    eng = engine_for(planted, "retry-failed-load-forever", clean_fragile, make_engine)
+    p = random_prompt(f"bugs:{1200 + planted}", 1100)
+    q = random_prompt(f"bugs:{1210 + planted}", 300)
+    eng.complete(p, 2)
+    eng.client.post("/hooks/stall", json={"point": "before_retrieve", "seconds": 2.5})
+    done: dict[str, dict] = {}
+
+    def send(name: str, prompt: list[int]) -> None:
+        try:
+            done[name] = eng.complete(prompt, 16, ignore_eos=True)
+        except Exception:  # noqa: BLE001 - the engine is stopped under a wedged request
+            pass
+
+    threads = [threading.Thread(target=send, args=("p", p), daemon=True)]
+    threads[0].start()
+    time.sleep(1.0)  # lookup done (a hit), scheduler held before the retrieve
+    fragile_stack.server.signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)
+        threads.append(threading.Thread(target=send, args=("q", q), daemon=True))
+        threads[1].start()
+        deadline = time.monotonic() + 10.0
+        while len(done) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        finished_while_down = dict(done)
+        failures = eng.metric("kvchaos_engine_load_failures_total")
+    finally:
+        fragile_stack.server.signal(signal.SIGCONT)
+    for name, prompt in (("p", p), ("q", q)):
+        if name in finished_while_down:
+            assert ids(finished_while_down[name]) == ids(twin.complete(prompt, 16,
+                                                                      ignore_eos=True))
+    assert failures >= 1
+    misbehaved = len(finished_while_down) < 2
+    assert misbehaved == planted
+    if planted:
+        assert failures > 1  # it really retried
+    for t in threads:
+        t.join(timeout=60 if not planted else 1)
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_repoll_timed_out_lookup(planted: bool, make_engine, twin: Engine,
+                                 fragile_stack: LMCacheStack) -> None:
+    """F5: a lookup times out; polling it again must not kill the engine."""
+    args = ["--num-blocks", "100", *lmcache_args(fragile_stack, mq_timeout=1.0, heartbeat=5.0)]
+    if planted:
+        args += ["--bug", "repoll-timed-out-lookup"]
+    eng = make_engine(f"repoll-{planted}", args)
+    p = random_prompt(f"bugs:{1300 + planted}", 700)
+    eng.complete(p, 2)
+    result: dict = {}
+    fragile_stack.server.signal(signal.SIGSTOP)
+    try:
+        try:
+            result.update(eng.complete(p, 16, ignore_eos=True))
+        except (httpx.HTTPError, AssertionError):
+            pass
+    finally:
+        fragile_stack.server.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while planted and eng.proc.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    died = not eng.proc.alive()
+    assert died == planted
+    if planted:
+        assert "KeyError" in eng.proc.tail(200)
+    else:
+        assert stats(result)["lookup"] == "timeout"
+        assert ids(result) == ids(twin.complete(p, 16, ignore_eos=True))
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_no_reconnect(planted: bool, make_engine, twin: Engine, clean_fragile: Engine,
+                      fragile_stack: LMCacheStack) -> None:
+    """F11: after LMCache is lost and back, hits must come back (outputs correct either way)."""
+    eng = engine_for(planted, "no-reconnect", clean_fragile, make_engine)
+    p = random_prompt(f"bugs:{1400 + planted}", 600)
+    eng.complete(p, 2)
+    assert stats(eng.complete(p, 2))["external_cache_hit_tokens"] == 512
+    fragile_stack.server.signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 15
+        while eng.state()["lmcache"]["state"] == "healthy" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert eng.state()["lmcache"]["state"] == "unhealthy"
+    finally:
+        fragile_stack.server.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    hit = 0
+    while hit == 0 and time.monotonic() < deadline:
+        r = eng.complete(p, 4)
+        assert ids(r) == ids(twin.complete(p, 4))
+        hit = stats(r)["external_cache_hit_tokens"]
+        time.sleep(0.5)
+    assert (hit == 0) == planted
+    assert eng.state()["lmcache"]["state"] == ("unhealthy" if planted else "healthy")
+    assert eng.state()["num_open_sessions"] == 0
+
+
+def test_bugs_planted_through_environment(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KVCHAOS_ENGINE_BUGS (comma-separated) plants bugs without a --bug flag."""
+    monkeypatch.setenv("KVCHAOS_ENGINE_BUGS",
+                       "retry-failed-load-forever,repoll-timed-out-lookup,no-reconnect")
+    eng = make_engine("env-bugs", [])
+    assert eng.state()["bugs"] == ["no-reconnect", "repoll-timed-out-lookup",
+                                   "retry-failed-load-forever"]
+    monkeypatch.delenv("KVCHAOS_ENGINE_BUGS")
+    assert make_engine("env-clean", []).state()["bugs"] == []

@@ -49,6 +49,9 @@ def test_server_killed_mid_run_then_restarted(make_engine, twin: Engine,
             except AssertionError as exc:  # HTTP error
                 errors.append(str(exc))
 
+    # Hold the first lookup 2 s in the scheduler, so that it is sent after the kill however
+    # fast the 12 requests would otherwise run.
+    eng.client.post("/hooks/stall", json={"point": "before_lookup", "seconds": 2.0})
     t = threading.Thread(target=client)
     t.start()
     time.sleep(0.5)
@@ -57,7 +60,7 @@ def test_server_killed_mid_run_then_restarted(make_engine, twin: Engine,
     assert not errors and len(results) == 12
     for k, r in enumerate(results):
         assert ids(r) == ids(twin.complete(prompts[k % 4], 16, ignore_eos=True)), k
-    assert any(stats(r)["lookup"] in ("timeout", "error") for r in results)
+    assert any(stats(r)["lookup"] in ("timeout", "error") for r in results), [stats(r) for r in results]
     assert eng.client.get("/health").status_code == 200
     # The server comes back on the same port: hits must come back within a bound (F11).
     own_stack.start_server()
@@ -142,3 +145,61 @@ def test_engine_starts_before_lmcache_and_connects_later(make_engine, tmp_path) 
         assert stats(eng.complete([6] * 300, 2))["external_cache_hit_tokens"] == 256
     finally:
         stack.stop()
+
+
+def test_restart_during_lookups_leaves_no_session(make_engine, twin: Engine,
+                                                  own_stack: LMCacheStack) -> None:
+    """Lookups in flight die with the server; the restarted server must not inherit a session.
+
+    The server is frozen (SIGSTOP) so that the LOOKUPs sent to it are never acknowledged, then
+    SIGKILLed (they die in its socket buffer) and restarted. The heartbeat notices the outage
+    before the LOOKUP acknowledgement times out, so the adapter keeps the dead LOOKUP's ack
+    pending. The clean-ups kept during the outage must not replay FREE_LOOKUP_LOCKS onto the
+    new server (it creates a session there) and then lose END_SESSION to the stale ack.
+    """
+    eng = make_engine("restarted", lmcache_args(own_stack, mq_timeout=4.0, heartbeat=0.5))
+    prompts = [random_prompt(f"fail:7400:{i}", 600) for i in range(3)]
+    for p in prompts:
+        eng.complete(p, 2)  # stored: the lookups below would hit
+    results: dict[int, dict] = {}
+    errors: list[str] = []
+
+    def client(k: int) -> None:
+        try:
+            results[k] = eng.complete(prompts[k], 24, ignore_eos=True)
+        except AssertionError as exc:  # HTTP error
+            errors.append(str(exc))
+
+    own_stack.server.signal(signal.SIGSTOP)
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(len(prompts))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while eng.state()["lmcache"]["state"] == "healthy" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert eng.state()["lmcache"]["state"] == "unhealthy"
+    own_stack.server.kill()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 3
+    assert all(stats(r)["lookup"] in ("timeout", "error") for r in results.values())
+    for k, p in enumerate(prompts):
+        assert ids(results[k]) == ids(twin.complete(p, 24, ignore_eos=True)), k
+    own_stack.start_server()
+    deadline = time.monotonic() + 30
+    while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert eng.state()["lmcache"]["state"] == "healthy"
+    # The engine finishes its kept clean-ups (a lost LOOKUP is given up after mq_timeout)...
+    deadline = time.monotonic() + 15
+    while eng.state()["num_open_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert eng.state()["num_open_sessions"] == 0
+    # ...and the new server is left with no session and no lock of it.
+    assert wait_clean(own_stack, 3) == (0, 0), [
+        line for line in own_stack.server.tail(400).splitlines() if "session" in line.lower()]
+    # The engine uses the new server again: store, then hit.
+    q = random_prompt("fail:7401", 600)
+    eng.complete(q, 2)
+    assert stats(eng.complete(q, 2))["external_cache_hit_tokens"] == 512
+    assert wait_clean(own_stack, 8) == (0, 0)

@@ -132,3 +132,6 @@ def test_bugs_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert bugs_from_environment() == []
     monkeypatch.setenv(BUGS_ENV, "drop-cache-salt, store-before-compute")
     assert bugs_from_environment() == ["drop-cache-salt", "store-before-compute"]
+    monkeypatch.setenv(BUGS_ENV, "retry-failed-load-forever,repoll-timed-out-lookup,no-reconnect")
+    assert validate_bugs(bugs_from_environment()) == [
+        "no-reconnect", "repoll-timed-out-lookup", "retry-failed-load-forever"]
