@@ -36,6 +36,9 @@ def _add_layer_commands() -> None:
     app.command("validate")(validate)
     app.command("schema")(schema)
     app.command("list")(list_scenarios)
+    from chaos.zoo import zoo
+
+    app.command("zoo")(zoo)
     app.add_typer(proxy_app, name="proxy")
     app.add_typer(engine_app, name="engine")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from chaos.history import Op
-from chaos.workload.client import CompletionClient, CompletionRequest
+from chaos.workload.client import SAMPLING, CompletionClient, CompletionRequest
 
 
 class OracleError(RuntimeError):
@@ -59,9 +59,11 @@ def engine_fingerprint(base_url: str, timeout_s: float = 10.0) -> str:
 
 
 def request_key(prompt_token_ids: list[int], max_tokens: int) -> str:
-    """Oracle key of one request: sha256 over the prompt ids and max_tokens."""
-    h = hashlib.sha256(json.dumps([max_tokens, prompt_token_ids], separators=(",", ":")).encode())
-    return h.hexdigest()
+    """Oracle key of one request: sha256 over the prompt ids, max_tokens and the sampling
+    parameters every request carries (``chaos.workload.client.SAMPLING``), so answers stored
+    under other parameters are never reused."""
+    material = [max_tokens, prompt_token_ids, sorted(SAMPLING.items())]
+    return hashlib.sha256(json.dumps(material, separators=(",", ":")).encode()).hexdigest()
 
 
 class RecomputeOracle:

@@ -142,6 +142,7 @@ class ScenarioItem(pytest.Item):
             result = infra_error_result(self.scenario, run_id, run_dir, f"stack: {exc}")
         else:
             result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600)
+            self._pool().release(Path(self.scenario.stack), result)
         elapsed = time.monotonic() - t0
         self.config.stash[_TIMES_KEY].append((self.scenario.name, elapsed, result.verdict))
         self.user_properties.append(("report", str(run_dir / "report.html")))

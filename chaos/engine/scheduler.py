@@ -430,10 +430,20 @@ class EngineCore:
         self._register_prefix(req)
 
     def _resume_stale(self, req: Request) -> bool:
-        """Planted bug ``stale-blocks-on-resume``: reclaim the old block ids, keep progress."""
+        """Planted bug ``stale-blocks-on-resume``: resume on a block table whose contents are
+        not this request's KV (its old ids where still free, other blocks where not), keeping
+        the progress made before preemption, so the tokens "already computed" are never
+        recomputed (F10: more tokens counted as computed than the KV holds)."""
         table = self.blocks.allocate_specific(req.stale_table or [])
         if table is None:
             return False
+        if table == req.stale_table:
+            # Its own blocks came back untouched: the KV would still be right. The bug is
+            # that nothing guarantees this; take other blocks where the pool has them.
+            others = self.blocks.allocate(len(table))
+            if others is not None:
+                self.blocks.free(table)
+                table = others
         self.waiting.remove(req)
         req.block_table = table
         req.num_computed = req.stale_computed

@@ -105,6 +105,7 @@ class StackPool:
         self._stacks: dict[Path, Stack] = {}
         self._variables: dict[Path, dict[str, str]] = {}
         self._used: set[Path] = set()
+        self._dirty: set[Path] = set()
 
     def acquire(self, stack_file: Path, variables: dict[str, str] | None = None,
                 say: Callable[[str], None] = lambda _m: None) -> Stack:
@@ -128,6 +129,15 @@ class StackPool:
             stack.up()
             self._used.add(key)
             return stack
+        if key in self._dirty:
+            say(f"restarting stack {key.name}: the previous scenario disrupted it")
+            self._dirty.discard(key)
+            stack.down()
+            unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
+            stack.set_variables({**unset, **variables})
+            self._variables[key] = variables
+            stack.up()
+            return stack
         if self._variables[key] != variables:
             changed = {k: v for k, v in variables.items() if self._variables[key].get(k) != v}
             # A variable the previous scenario set and this one does not goes back to its default.
@@ -140,6 +150,24 @@ class StackPool:
             reset_stack(stack, say)
         self._used.add(key)
         return stack
+
+    def release(self, stack_file: Path, result) -> None:
+        """Tell the pool how the scenario that used the stack ended. After a scenario that
+        stopped or froze a process (``kill``, ``pause``), left something held (its ``leaks``
+        check did not pass) or could not finish, the next scenario gets a freshly started stack:
+        a server that came back from a kill may be healthy yet broken in ways a reset cannot
+        see (LMCache 0.5.6's Redis adapter never reconnects after Redis restarts), and leaked
+        sessions would fail every later scenario's leak check.
+
+        Args:
+            stack_file: the scenario's stack file.
+            result: the scenario's RunResult (chaos/report/model.py).
+        """
+        key = Path(stack_file).resolve()
+        disruptive = any(f.kind in ("kill", "pause") for f in result.faults)
+        leaky = any(c.name == "leaks" and c.verdict != "passed" for c in result.checks)
+        if disruptive or leaky or result.error:
+            self._dirty.add(key)
 
     def close(self) -> None:
         """Bring every stack down (unless ``keep``)."""

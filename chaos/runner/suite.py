@@ -123,6 +123,7 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
             setup_s = time.monotonic() - t0
             result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
                                   progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
+            pool.release(Path(scenario.stack), result)
             result.durations.stack_up_s = setup_s
             (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
             results.append(result)

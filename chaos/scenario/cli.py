@@ -136,7 +136,7 @@ def list_scenarios(
         for row in rows:
             table.add_row(row["name"], ", ".join(row["faults"]) or "-", ", ".join(row["checks"]),
                           row["xfail"] or "", row["file"])
-        Console().print(table)
+        Console(width=200).print(table)
     if bad:
         raise typer.Exit(2)
 

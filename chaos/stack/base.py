@@ -156,6 +156,24 @@ class Stack(abc.ABC):
         Raises:
             ConfigError: the file no longer validates; StackError: a restart failed.
         """
+        changed = self.set_variables(variables) + list(restart or [])
+        order = [n for wave in self.spec.start_order() for n in wave if n in changed]
+        for name in reversed(order):
+            self.stop(name)
+        for name in order:
+            self.start(name)
+        return order
+
+    def set_variables(self, variables: dict[str, str]) -> list[str]:
+        """Interpolate the stack file again with ``variables`` set, without restarting anything
+        (for a stack that is down, or before :meth:`reconfigure` restarts what changed).
+
+        Returns:
+            The services whose command or environment changed.
+
+        Raises:
+            ConfigError: the file no longer validates.
+        """
         from chaos.stack.spec import load_stack
 
         environ = dict(self.env)
@@ -163,15 +181,10 @@ class Stack(abc.ABC):
         old = self.spec
         spec = load_stack(self.spec.path, environ=environ, run_dir=self.run_dir)
         changed = [n for n in spec.services
-                   if n in (restart or []) or spec.services[n].argv(self.backend) != old.services[n].argv(self.backend)
+                   if spec.services[n].argv(self.backend) != old.services[n].argv(self.backend)
                    or spec.services[n].env() != old.services[n].env()]
         self.spec, self.env, self.settings = spec, spec.env, spec.settings
-        order = [n for wave in spec.start_order() for n in wave if n in changed]
-        for name in reversed(order):
-            self.stop(name)
-        for name in order:
-            self.start(name)
-        return order
+        return changed
 
     def unexpected_exits(self) -> list[ServiceExit]:
         """Exits no kvchaos action caused (for the liveness check)."""

@@ -26,6 +26,12 @@ from chaos.workload.generator import prompt_hash
 __all__ = ["CompletionRequest", "Cancel", "CompletionClient", "CompletionOutcome"]
 
 
+#: Sampling parameters of every request: greedy, and max_tokens tokens however early a
+#: (random-weight) model says EOS, so a wrong KV position has room to show in the output.
+#: The recompute oracle keys its stored answers on them too.
+SAMPLING: dict[str, Any] = {"temperature": 0, "ignore_eos": True}
+
+
 class CompletionRequest(BaseModel):
     """A request to send, with the workload labels recorded in the history."""
 
@@ -127,11 +133,7 @@ class CompletionClient:
             "prompt": req.prompt_token_ids,
             "max_tokens": req.max_tokens,
             "stream": req.stream,
-            "temperature": 0,
-            "return_token_ids": True,
-            # Outputs of max_tokens tokens however early a (random-weight) model says EOS, so a
-            # wrong KV position has room to show in the output.
-            "ignore_eos": True,
+            **SAMPLING,
         }
         if req.cache_salt is not None:
             body["cache_salt"] = req.cache_salt

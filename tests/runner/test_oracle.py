@@ -72,3 +72,13 @@ def test_key_depends_on_prompt_and_max_tokens():
     assert request_key([1, 2], 4) != request_key([1, 2], 5)
     assert request_key([1, 2], 4) != request_key([2, 1], 4)
     assert request_key([1, 2], 4) == request_key([1, 2], 4)
+
+
+def test_key_covers_the_sampling_parameters(monkeypatch):
+    """Answers stored before `ignore_eos` was sent (outputs cut at EOS) must not be reused:
+    that gave false recompute failures (a 28-token answer against a 32-token output)."""
+    from chaos.workload import client
+
+    before = request_key([1, 2], 4)
+    monkeypatch.setitem(client.SAMPLING, "ignore_eos", False)
+    assert request_key([1, 2], 4) != before

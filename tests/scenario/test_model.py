@@ -164,6 +164,6 @@ def test_discover(scenario_dir, write):
     (scenario_dir / "sub").mkdir()
     write(GOOD, "sub/c.yaml")
     names = [p.relative_to(scenario_dir).as_posix() for p in discover_scenarios(scenario_dir)]
-    assert names == ["a.yml", "b.yaml", "stack.yml", "sub/c.yaml"]
+    assert names == ["a.yml", "b.yaml", "sub/c.yaml"]  # stack.yml beside them is a stack, not a scenario
     with pytest.raises(ConfigError):
         discover_scenarios(scenario_dir / "nope")
