@@ -28,6 +28,10 @@ test: setup image
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not chaos" tests
 
+## The bug zoo: the catalogue against the clean engine and each planted bug (reports/zoo/).
+zoo: setup
+	$(KVCHAOS) zoo $(ZOO_ARGS)
+
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py
 	$(PY) benchmarks/ttft_hit.py

@@ -155,6 +155,8 @@ def run_cmd(
     bug: list[str] = typer.Option(None, "--bug", help="plant this reference-engine bug in every scenario "
                                   "(repeatable; see `kvchaos engine serve --help`)"),
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
+    stack: Path | None = typer.Option(None, "--stack", help="run every scenario on this stack file "
+                                      "instead of its own (e.g. compose/vllm-lmcache.yml on a GPU host)"),
 ) -> None:
     """Run chaos scenarios against their stacks and check the invariants.
 
@@ -174,7 +176,7 @@ def run_cmd(
         if not paths:
             print(f"error: no scenario files in {', '.join(map(str, scenarios))}", file=sys.stderr)
             raise typer.Exit(EXIT_INVALID)
-        loaded = load_and_validate(paths)
+        loaded = load_and_validate(paths, stack)
     except ConfigError as exc:
         fail_config(exc)
     opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,

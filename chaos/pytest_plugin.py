@@ -33,6 +33,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="file or folder of scenario YAML files (default: scenarios/, ini kvchaos_scenarios)")
     group.addoption("--kvchaos-backend", action="store", default=None,
                     help="local (default) or compose; env KVCHAOS_BACKEND")
+    group.addoption("--kvchaos-stack", action="store", default=None,
+                    help="run every scenario on this stack file instead of its own")
     group.addoption("--kvchaos-report-dir", action="store", default="reports",
                     help="parent folder of run reports (default reports/)")
     parser.addini("kvchaos_scenarios", "file or folder of scenario YAML files", default="scenarios")
@@ -88,7 +90,8 @@ class ScenarioFile(pytest.File):
         from chaos.runner.suite import load_and_validate
 
         try:
-            scenario = load_and_validate([self.path])[0]
+            stack = self.config.getoption("--kvchaos-stack")
+            scenario = load_and_validate([self.path], Path(stack) if stack else None)[0]
         except ConfigError as exc:
             raise self.CollectError(str(exc)) from None
         item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)

@@ -48,16 +48,24 @@ class SuiteOptions:
     extra: dict = field(default_factory=dict)
 
 
-def load_and_validate(paths: list[Path]) -> list[Scenario]:
+def load_and_validate(paths: list[Path], stack: Path | None = None) -> list[Scenario]:
     """Load every scenario and check each against its stack file (links, services).
+
+    Args:
+        paths: scenario files.
+        stack: run every scenario on this stack file instead of its own (e.g. the GPU stack).
 
     Raises:
         ConfigError: the first invalid file, with every problem of it listed.
     """
     scenarios = []
     stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None]]] = {}
+    if stack is not None and not Path(stack).is_file():
+        raise ConfigError(str(stack), None, None, "stack file not found (--stack)")
     for path in paths:
         scenario = load_scenario(path)
+        if stack is not None:
+            scenario.stack = Path(stack).resolve()
         key = Path(scenario.stack).resolve()
         if key not in stacks:
             spec = load_stack(key, allocate_ports=False, run_dir=Path("/nonexistent"))
