@@ -68,10 +68,24 @@ class EngineConfig:
 
     @property
     def fingerprint(self) -> str:
-        """Hash of model config, dtype, seed, engine version and the numerics settings."""
-        extra = f"{self.prefill_segment}/{self.threads}"
+        """Hash of model config, dtype, seed, engine version, the numerics settings and the
+        source of the modules that decide the output bits (so a code change never reuses
+        recompute-oracle answers or LMCache entries computed by older code)."""
+        extra = f"{self.prefill_segment}/{self.threads}/{_numerics_source_digest()}"
         return self.model.fingerprint(f"{__version__}/{extra}")
 
     def to_dict(self) -> dict:
         """Plain-JSON view for ``/debug/state``."""
         return asdict(self)
+
+
+def _numerics_source_digest() -> str:
+    """sha256 (12 hex) over the engine modules whose code decides output bits."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    h = hashlib.sha256()
+    for name in ("model.py", "kv_pool.py", "tokenizer.py", "scheduler.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:12]

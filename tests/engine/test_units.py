@@ -135,3 +135,15 @@ def test_bugs_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(BUGS_ENV, "retry-failed-load-forever,repoll-timed-out-lookup,no-reconnect")
     assert validate_bugs(bugs_from_environment()) == [
         "no-reconnect", "repoll-timed-out-lookup", "retry-failed-load-forever"]
+
+
+def test_fingerprint_follows_the_numerics_source(monkeypatch):
+    """A change to the code that decides output bits changes the fingerprint, so the recompute
+    oracle never serves answers computed by older engine code (stale answers gave false
+    recompute failures during development)."""
+    from chaos.engine import config as config_mod
+
+    cfg = config_mod.EngineConfig()
+    before = cfg.fingerprint
+    monkeypatch.setattr(config_mod, "_numerics_source_digest", lambda: "changed-code")
+    assert cfg.fingerprint != before
