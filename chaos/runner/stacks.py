@@ -20,12 +20,34 @@ changed restarted; the rest of the stack stays up.
 from __future__ import annotations
 
 import shutil
+import signal
+import threading
+from contextlib import contextmanager
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from chaos.stack.base import Stack, StackError, new_run_id
+
+
+@contextmanager
+def interrupts_deferred():
+    """Inside the block, SIGINT and SIGTERM are recorded instead of raising (main thread
+    only); the first one recorded is raised as KeyboardInterrupt when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, _frame: got.append(signum))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:
+        raise KeyboardInterrupt(f"signal {signal.Signals(got[0]).name} during teardown")
 
 
 def make_stack(stack_file: Path, backend: str, run_dir: Path, environ: dict[str, str] | None = None) -> Stack:
@@ -170,9 +192,11 @@ class StackPool:
             self._dirty.add(key)
 
     def close(self) -> None:
-        """Bring every stack down (unless ``keep``)."""
+        """Bring every stack down (unless ``keep``). A second Ctrl-C or SIGTERM while this runs
+        is held back until it is done: an impatient user must not leave processes behind."""
         if self.keep:
             return
-        for stack in self._stacks.values():
-            stack.down()
-        self._stacks.clear()
+        with interrupts_deferred():
+            for stack in self._stacks.values():
+                stack.down()
+            self._stacks.clear()

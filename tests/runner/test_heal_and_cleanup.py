@@ -100,14 +100,19 @@ def test_sigkill_mid_fault_then_cleanup_leaves_nothing(env, tmp_path):
     assert "nothing to clean up" in r.stdout
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_mid_fault_heals_and_keeps_the_report(env, tmp_path, sig):
+@pytest.mark.parametrize("sig,times", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGINT, 2)])
+def test_signal_mid_fault_heals_and_keeps_the_report(env, tmp_path, sig, times):
+    """Also a second Ctrl-C while it heals and stops the stack (an impatient user; it used to
+    abort the teardown and leave the stack's processes running)."""
     runner = start_run(env, tmp_path)
     try:
         wait_for_toxic(env)
         state = Path(env["KVCHAOS_STATE_DIR"])
         procs = journal_processes(state)
         runner.send_signal(sig)
+        for _ in range(times - 1):
+            time.sleep(0.3)
+            runner.send_signal(sig)
         out, _ = runner.communicate(timeout=60)
     finally:
         if runner.poll() is None:
