@@ -3,11 +3,14 @@
 Measures, in one run, against the proxy running as its own process (as stacks run it):
 
 1. throughput: ``--gib`` GiB (default 1) sent through the proxy vs direct loopback, in
-   ``--pairs`` alternating pairs (median ratio reported); target ratio >= 0.5;
+   ``--pairs`` alternating rounds (median ratio reported); target ratio >= 0.5. Each round also
+   sends through a second proxy process started with ``KVCHAOS_PROXY_SPLICE=0`` (the plain
+   fast path, bytes copied through Python), printed for comparison only;
 2. added latency: p50 of a 1 KiB request / 1 KiB response round trip through the proxy minus
    direct; target < 0.3 ms;
 3. ``--concurrency`` (default 200) connections at once, each echoing 16 KiB, no error allowed;
-4. peak RSS of the proxy process (VmHWM); target < 200 MiB.
+4. peak RSS of the proxy process (VmHWM); target < 200 MiB;
+5. the proxy's CPU seconds per GiB moved, splice vs plain fast path (printed, no target).
 
 Sender and receiver are threads of this process using blocking sockets (socket calls release
 the GIL). Prints every figure and ratio; exit status 1 if a target is missed.
@@ -35,10 +38,12 @@ from chaos.proxy.client import ToxiproxyClient  # noqa: E402
 CHUNK = 1024 * 1024
 
 
-def start_proxy(loop: str) -> tuple[subprocess.Popen[str], str]:
-    """Start ``python -m chaos.proxy --port 0 --loop LOOP``; return (process, API URL)."""
+def start_proxy(loop: str, splice: bool = True) -> tuple[subprocess.Popen[str], str]:
+    """Start ``python -m chaos.proxy --port 0 --loop LOOP`` (``KVCHAOS_PROXY_SPLICE=0`` when
+    not ``splice``); return (process, API URL)."""
+    env = {**os.environ, "KVCHAOS_PROXY_SPLICE": "1" if splice else "0"}
     proc = subprocess.Popen([sys.executable, "-m", "chaos.proxy", "--port", "0", "--loop", loop],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on" not in line:
@@ -182,6 +187,12 @@ def concurrent(target: str, n: int, size: int = 16 * 1024) -> int:
     return errors[0]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (/proc/PID/stat fields 14-15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -200,17 +211,29 @@ def main() -> int:
     args = ap.parse_args()
     total = int(args.gib * 1024**3) // CHUNK * CHUNK
 
-    proc, api = start_proxy(args.loop)
+    procs = []
     ok = True
     try:
+        proc, api = start_proxy(args.loop)
+        procs.append(proc)
+        plain_proc, plain_api = start_proxy(args.loop, splice=False)
+        procs.append(plain_proc)
         tp = ToxiproxyClient(api, timeout_s=10)
         sink = listener()
         proxy = tp.create_proxy("bench-sink", "127.0.0.1:0", addr(sink))
-        # Direct and proxied runs alternate so that load from other processes hits both.
-        pairs = []
+        with ToxiproxyClient(plain_api, timeout_s=10) as plain_tp:
+            plain = plain_tp.create_proxy("bench-sink", "127.0.0.1:0", addr(sink))
+        # Direct and proxied runs alternate so that load from other processes hits all.
+        pairs, plain_ratios = [], []
+        cpu = {"splice": 0.0, "plain": 0.0}
         for _ in range(args.pairs):
             direct_bps = throughput(addr(sink), sink, total)
+            c0 = cpu_seconds(proc.pid)
             proxied_bps = throughput(proxy.listen, sink, total)
+            cpu["splice"] += cpu_seconds(proc.pid) - c0
+            c0 = cpu_seconds(plain_proc.pid)
+            plain_ratios.append(throughput(plain.listen, sink, total) / direct_bps)
+            cpu["plain"] += cpu_seconds(plain_proc.pid) - c0
             pairs.append((proxied_bps / direct_bps, direct_bps, proxied_bps))
         pairs.sort()
         ratio, direct_bps, proxied_bps = pairs[len(pairs) // 2]
@@ -218,6 +241,12 @@ def main() -> int:
               f"{proxied_bps / 2**20:8.1f} MiB/s over {total / 2**30:.2f} GiB; "
               f"ratio {ratio:.2f} (median of {len(pairs)} pairs, range "
               f"{pairs[0][0]:.2f}-{pairs[-1][0]:.2f}; target >= 0.5)")
+        print(f"  for comparison, plain fast path (KVCHAOS_PROXY_SPLICE=0): ratio "
+              f"{statistics.median(plain_ratios):.2f} (range {min(plain_ratios):.2f}-"
+              f"{max(plain_ratios):.2f})")
+        gib = args.pairs * total / 2**30
+        print(f"  proxy CPU per GiB: splice {cpu['splice'] / gib:.2f} s, plain "
+              f"{cpu['plain'] / gib:.2f} s (ratio {cpu['splice'] / max(cpu['plain'], 1e-9):.2f})")
         ok &= ratio >= 0.5
 
         stop = threading.Event()
@@ -242,8 +271,9 @@ def main() -> int:
         ok &= rss < 200
         tp.close()
     finally:
-        proc.terminate()
-        proc.wait(10)
+        for p in procs:
+            p.terminate()
+            p.wait(10)
     print("all targets met" if ok else "some targets missed")
     return 0 if ok else 1
 

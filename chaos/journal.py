@@ -47,6 +47,9 @@ class Journal:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{run_id}.jsonl"
         self._lock = threading.Lock()
+        # (kind, key) this instance already recorded as undone and not added since: a repeated
+        # remove (status polls of a dead service) writes and fsyncs nothing.
+        self._removed: set[tuple[str, str]] = set()
 
     def _write(self, entry: dict[str, Any]) -> None:
         entry = {"time": time.time(), **entry}
@@ -58,11 +61,15 @@ class Journal:
 
     def add(self, kind: str, key: str, **fields: Any) -> None:
         """Record that ``kind``/``key`` now exists and must be undone if the run dies."""
+        self._removed.discard((kind, key))
         self._write({"op": "add", "kind": kind, "key": key, **fields})
 
     def remove(self, kind: str, key: str) -> None:
-        """Record that ``kind``/``key`` was undone."""
+        """Record that ``kind``/``key`` was undone (once: repeats by this instance are no-ops)."""
+        if (kind, key) in self._removed:
+            return
         self._write({"op": "remove", "kind": kind, "key": key})
+        self._removed.add((kind, key))
 
     def open_entries(self) -> list[dict[str, Any]]:
         """Entries added and not removed, oldest first."""

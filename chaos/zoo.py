@@ -11,6 +11,10 @@
     reports/zoo/matrix.md + matrix.json; exit 1 when a planted bug escapes every scenario it
     ran or the clean engine does not pass one
 
+    --repeat N: the whole zoo N times (run-1/ .. run-N/ under the output folder), then
+    compare_matrices(): exit 1 also when the runs disagree on any cell or on the checks
+    that failed in it (a flaky scenario or checker)
+
 A checker must have teeth: a scenario that passes the clean engine and fails the engine with a
 planted bug "caught" it; a bug that passes every scenario it met "escaped". Seeds are the
 scenarios' own (fixed), so reruns give the same matrix.
@@ -30,8 +34,8 @@ import typer
 
 from chaos.engine.bugs import BUGS
 
-__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "leftover_state", "plan_rows", "restart_dirty",
-           "run_zoo", "zoo"]
+__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "compare_matrices", "leftover_state",
+           "plan_rows", "restart_dirty", "run_zoo", "zoo"]
 
 #: The row of the engine with no planted bug.
 CLEAN = "clean"
@@ -92,6 +96,8 @@ class ZooMatrix:
         cells: ``cells[row][scenario]``; a pair missing from it was not run ("-").
         seconds: wall-clock seconds per run, same keys as ``cells``.
         runs: report folder per run, same keys as ``cells``.
+        failed_checks: names of the checks that did not pass in each run (what caught a bug,
+            or what failed the clean engine), same keys as ``cells``.
     """
 
     rows: list[str]
@@ -99,15 +105,19 @@ class ZooMatrix:
     cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     runs: dict[str, dict[str, str]] = field(default_factory=dict)
+    failed_checks: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     def cell(self, row: str, column: str) -> Cell:
         """The cell at (row, column), "-" when that pair was not run."""
         return self.cells.get(row, {}).get(column, "-")
 
     def set(self, row: str, column: str, cell: Cell, seconds: float | None = None,
-            run: str | None = None) -> None:
-        """Record one run's cell (and, optionally, its time in s and report folder)."""
+            run: str | None = None, failed_checks: list[str] | None = None) -> None:
+        """Record one run's cell (and, optionally, its time in s, report folder and the names
+        of the checks that did not pass)."""
         self.cells.setdefault(row, {})[column] = cell
+        if failed_checks is not None:
+            self.failed_checks.setdefault(row, {})[column] = sorted(failed_checks)
         if seconds is not None:
             self.seconds.setdefault(row, {})[column] = round(seconds, 1)
         if run is not None:
@@ -135,6 +145,7 @@ class ZooMatrix:
             "cells": {r: {c: self.cell(r, c) for c in self.columns} for r in self.rows},
             "seconds": self.seconds,
             "runs": self.runs,
+            "failed_checks": self.failed_checks,
             "escaped": self.escaped(),
             "clean_failures": self.clean_failures(),
             "exit_code": self.exit_code(),
@@ -164,6 +175,30 @@ class ZooMatrix:
         md.write_text(self.to_markdown())
         js.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return md, js
+
+
+def compare_matrices(matrices: list[ZooMatrix]) -> list[str]:
+    """Where repeated zoo runs disagree: one line per (row, scenario) whose cell or set of
+    failed checks differs between runs, e.g. ``"clean / lookup-timeout: passed | failed
+    (liveness)"``. An empty list means every run gave the same matrix.
+
+    Raises:
+        ValueError: fewer than one matrix.
+    """
+    if not matrices:
+        raise ValueError("compare_matrices needs at least one matrix")
+    rows = list(dict.fromkeys(r for m in matrices for r in m.rows))
+    columns = list(dict.fromkeys(c for m in matrices for c in m.columns))
+    out = []
+    for r in rows:
+        for c in columns:
+            seen = []
+            for m in matrices:
+                checks = m.failed_checks.get(r, {}).get(c, [])
+                seen.append(m.cell(r, c) + (f" ({', '.join(checks)})" if checks else ""))
+            if len(set(seen)) > 1:
+                out.append(f"{r} / {c}: {' | '.join(seen)}")
+    return out
 
 
 def plan_rows(catalogue: list[str], bugs: Iterable[str], *, full: bool = False,
@@ -310,7 +345,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
                                 error=result.error is not None)
                 elapsed = time.monotonic() - t0
-                matrix.set(row, scenario.name, cell, elapsed, str(run_dir))
+                failing = [c.name for c in result.checks if c.verdict != "passed"]
+                matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
                 say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
     finally:
         pool.close()
@@ -330,12 +366,16 @@ def zoo(
     report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
     backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
+    repeat: int = typer.Option(1, "--repeat", min=1, max=20,
+                               help="run the whole zoo N times and require the same matrix each time"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
-    Writes OUT/matrix.md and OUT/matrix.json. Exit codes: 0 every planted bug was caught by
-    some scenario and the clean engine passed every scenario; 1 otherwise; 2 bad arguments or an
-    invalid scenario file.
+    Writes OUT/matrix.md and OUT/matrix.json (with ``--repeat N``: each run's under OUT/run-K/,
+    and OUT/matrix.* is the last run's plus the comparison). Exit codes: 0 every planted bug was
+    caught by some scenario, the clean engine passed every scenario, and repeated runs gave the
+    same matrix (cells and failed checks); 1 otherwise; 2 bad arguments or an invalid scenario
+    file.
     """
     from chaos.scenario.loader import discover_scenarios
     from chaos.runner.suite import load_and_validate
@@ -364,12 +404,36 @@ def zoo(
         raise typer.Exit(2)
     wanted = {n for ns in plan.values() for n in ns}
     paths = [p for p, n in zip(paths, catalogue) if n in wanted]
-    matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
-                     say=lambda m: typer.echo(m, err=True))
+    matrices: list[ZooMatrix] = []
+    for k in range(1, repeat + 1):
+        if repeat > 1:
+            typer.echo(f"zoo run {k} of {repeat}", err=True)
+        matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
+                         say=lambda m: typer.echo(m, err=True))
+        matrices.append(matrix)
+        if repeat > 1:
+            matrix.write(out / f"run-{k}")
+    code = max(m.exit_code() for m in matrices)
+    extra = ""
+    if repeat > 1:
+        differ = compare_matrices(matrices)
+        if differ:
+            code = EXIT_ZOO_FAILED
+            extra = (f"\nReruns: the {repeat} runs disagree (cell (failed checks) per run):\n"
+                     + "\n".join(f"- {d}" for d in differ) + "\n")
+        else:
+            extra = f"\nReruns: all {repeat} runs gave the same matrix (cells and failed checks).\n"
     md, js = matrix.write(out)
-    typer.echo(matrix.to_markdown())
+    if extra:
+        with md.open("a") as f:
+            f.write(extra)
+        data = json.loads(js.read_text())
+        data["repeat"] = {"runs": repeat, "differences": compare_matrices(matrices),
+                          "exit_code": code}
+        js.write_text(json.dumps(data, indent=2) + "\n")
+    typer.echo(matrix.to_markdown() + extra)
     typer.echo(f"matrix: {md} {js}")
-    raise typer.Exit(matrix.exit_code())
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":  # python -m chaos.zoo

@@ -565,13 +565,7 @@ class EngineCore:
 
     def _release(self, req: Request, leak_lmcache: bool = False) -> None:
         """Free blocks and LMCache state of a request leaving the running/waiting sets."""
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
-        if req.block_table:
-            self.blocks.free(req.block_table)
-            req.block_table = []
+        self._release_blocks_only(req)
         conn = self.connector
         if conn is None:
             return
@@ -608,6 +602,7 @@ class EngineCore:
                                    error_code=code))
 
     def _release_blocks_only(self, req: Request) -> None:
+        """Take ``req`` out of the running/waiting sets and free its KV blocks."""
         if req in self.running:
             self.running.remove(req)
         if req in self.waiting:

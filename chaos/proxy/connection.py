@@ -69,7 +69,7 @@ class Connection:
         self.upstream = transport
         self.up.attach(self.client, transport)
         self.down.attach(transport, self.client)
-        self.client.resume_reading()
+        self.up.start_reading()
 
     def link_done(self) -> None:
         """A link passed its FIN on; close when both directions have finished."""

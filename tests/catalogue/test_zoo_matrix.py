@@ -10,7 +10,7 @@ import pytest
 
 from chaos.engine.bugs import BUGS
 from chaos.scenario.loader import discover_scenarios, load_scenario
-from chaos.zoo import CLEAN, ZOO_MAP, ZooMatrix, cell_for, plan_rows
+from chaos.zoo import CLEAN, ZOO_MAP, ZooMatrix, cell_for, compare_matrices, plan_rows
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = [load_scenario(p).name for p in discover_scenarios(REPO / "scenarios")]
@@ -191,3 +191,73 @@ def test_leftover_locks_restart_lmcache_then_the_engine(leak_server) -> None:
     said: list[str] = []
     assert restart_dirty(stack, said.append) == ["lmcache", "engine"]
     assert stack.restarted == ["lmcache", "engine"] and "read_locked_count=18" in said[0]
+
+
+def _with_checks(cells: dict[str, dict[str, str]], checks: dict[str, dict[str, list[str]]]) -> ZooMatrix:
+    m = _matrix(cells)
+    for row, cols in checks.items():
+        for col, names in cols.items():
+            m.set(row, col, m.cell(row, col), failed_checks=names)
+    return m
+
+
+def test_identical_reruns_have_no_differences() -> None:
+    runs = [_with_checks({CLEAN: {"a": "passed"}, "bug-x": {"a": "caught"}},
+                         {CLEAN: {"a": []}, "bug-x": {"a": ["recompute_equivalence"]}}) for _ in range(3)]
+    assert compare_matrices(runs) == []
+
+
+def test_reruns_that_differ_in_a_cell_or_in_what_caught_it_are_listed() -> None:
+    a = _with_checks({CLEAN: {"a": "passed", "b": "passed"}, "bug-x": {"a": "caught"}},
+                     {"bug-x": {"a": ["recompute_equivalence"]}})
+    b = _with_checks({CLEAN: {"a": "passed", "b": "failed"}, "bug-x": {"a": "caught"}},
+                     {CLEAN: {"b": ["liveness"]}, "bug-x": {"a": ["leaks"]}})
+    assert compare_matrices([a, a, b]) == [
+        "clean / b: passed | passed | failed (liveness)",
+        "bug-x / a: caught (recompute_equivalence) | caught (recompute_equivalence) | caught (leaks)",
+    ]
+    with pytest.raises(ValueError):
+        compare_matrices([])
+
+
+@pytest.mark.parametrize("flaky", [False, True])
+def test_zoo_repeat_writes_each_run_and_fails_when_runs_disagree(tmp_path: Path, monkeypatch, flaky: bool) -> None:
+    """`kvchaos zoo --repeat 3` with run_zoo stubbed (no stack): each run's matrix lands in
+    run-K/, and a disagreement between runs is exit 1 even though every run alone is green."""
+    import typer
+    from typer.testing import CliRunner
+
+    import chaos.zoo as zoo_module
+
+    calls = []
+
+    def fake_run_zoo(paths, plan, **kw) -> ZooMatrix:
+        calls.append(plan)
+        second = len(calls) == 2
+        m = ZooMatrix(rows=list(plan), columns=["smoke"])
+        m.set(CLEAN, "smoke", "passed", failed_checks=[])
+        for bug in plan:
+            if bug != CLEAN:
+                which = ["leaks"] if flaky and second else ["recompute_equivalence"]
+                m.set(bug, "smoke", "caught", failed_checks=which)
+        return m
+
+    monkeypatch.setattr(zoo_module, "run_zoo", fake_run_zoo)
+    app = typer.Typer()
+    app.command()(zoo_module.zoo)
+    out = tmp_path / "zoo"
+    r = CliRunner().invoke(app, ["--catalogue", str(REPO / "scenarios"), "--scenarios", "smoke",
+                                 "--bug", "hit-plus-one-chunk", "--repeat", "3", "--out", str(out)])
+    assert len(calls) == 3
+    assert all((out / f"run-{k}" / "matrix.json").exists() for k in (1, 2, 3))
+    data = json.loads((out / "matrix.json").read_text())
+    if flaky:
+        assert r.exit_code == 1, r.output
+        assert "runs disagree" in (out / "matrix.md").read_text()
+        assert data["repeat"]["differences"] == [
+            "hit-plus-one-chunk / smoke: caught (recompute_equivalence) | caught (leaks) | "
+            "caught (recompute_equivalence)"]
+    else:
+        assert r.exit_code == 0, r.output
+        assert "all 3 runs gave the same matrix" in r.output
+        assert data["repeat"] == {"runs": 3, "differences": [], "exit_code": 0}

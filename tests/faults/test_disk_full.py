@@ -12,14 +12,9 @@ from pathlib import Path
 import pytest
 
 from chaos.faults.base import FaultContext
-from chaos.faults.registry import build_fault
 from chaos.journal import open_entries
-from chaos.scenario.model import Scenario
 from chaos.stack.local import LocalStack
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting the L2 tmpfs needs root")
-needs_lmcache = pytest.mark.skipif(not Path(sys.executable).with_name("lmcache").exists(),
-                                   reason="needs LMCache installed in this environment")
+from kvchaos_support import LMCACHE_FS_STACK, fault, local_stack, needs_lmcache, needs_root
 
 SMALL = """
 services:
@@ -33,48 +28,13 @@ x-kvchaos:
 
 UNCAPPED = SMALL.replace("  l2_fs_size: 2m\n", "")
 
-LMCACHE = """
-services:
-  lmcache:
-    command: [lmcache, server, --host, 127.0.0.1, --port, "${LMCACHE_PORT:-0}",
-              --http-host, 127.0.0.1, --http-port, "${LMCACHE_HTTP_PORT:-0}",
-              --prometheus-port, "${LMCACHE_PROMETHEUS_PORT:-0}",
-              --chunk-size, "256", --l1-size-gb, "0.2", --eviction-policy, LRU,
-              --supported-transfer-mode, auto,
-              --l2-adapter, '{"type": "fs", "base_path": "${KVCHAOS_RUN_DIR}/l2fs"}']
-    healthcheck:
-      test: [CMD, kvchaos, probe, "http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}/healthcheck"]
-      interval: 500ms
-      retries: 120
-    stop_grace_period: 5s
-x-kvchaos:
-  lmcache: lmcache
-  lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
-  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
-  l2_fs_size: 16m
-"""
-
-
-def fault(kind: str, **fields):
-    item = {"kind": kind, "duration": 5, **fields}
-    s = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
-         "checks": {"evidence": {}}},
-        context={"check_paths": False},
-    )
-    return build_fault(s.phases[0].faults[0])
-
-
-def make_stack(tmp_path: Path, text: str) -> LocalStack:
-    f = tmp_path / "stack.yml"
-    f.write_text(text)
-    return LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+LMCACHE = LMCACHE_FS_STACK + "  l2_fs_size: 16m\n"
 
 
 @needs_root
 @pytest.mark.slow
 def test_fills_the_mount_to_enospc_and_heal_empties_it(tmp_path):
-    stack = make_stack(tmp_path, SMALL)
+    stack = local_stack(tmp_path, SMALL)
     with stack:
         l2 = Path(stack.settings.l2_fs_path)
         assert os.path.ismount(l2)
@@ -103,7 +63,7 @@ def test_fills_the_mount_to_enospc_and_heal_empties_it(tmp_path):
 
 @pytest.mark.slow
 def test_refuses_a_folder_that_is_not_a_capped_mount(tmp_path):
-    stack = make_stack(tmp_path, UNCAPPED)
+    stack = local_stack(tmp_path, UNCAPPED)
     with stack:
         Path(stack.settings.l2_fs_path).mkdir(parents=True)  # as LMCache's fs adapter makes it
         f = fault("disk_full")
@@ -116,7 +76,7 @@ def test_refuses_a_folder_that_is_not_a_capped_mount(tmp_path):
 
 
 def test_needs_a_filesystem_l2(tmp_path):
-    stack = make_stack(tmp_path, "services:\n  idle: {command: [sleep, '1']}\n")
+    stack = local_stack(tmp_path, "services:\n  idle: {command: [sleep, '1']}\n")
     with pytest.raises(RuntimeError, match="x-kvchaos.l2_fs_path"):
         fault("disk_full").apply(FaultContext(stack=stack))
 
@@ -134,7 +94,7 @@ def _bench(stack: LocalStack, start: int, end: int) -> subprocess.CompletedProce
 @needs_lmcache
 @pytest.mark.slow
 def test_lmcache_counts_the_l2_stores_that_failed(tmp_path):
-    stack = make_stack(tmp_path, LMCACHE)
+    stack = local_stack(tmp_path, LMCACHE)
     with stack:
         f = fault("disk_full")
         ctx = FaultContext(stack=stack)
@@ -162,9 +122,7 @@ def test_cleanup_after_a_killed_run_deletes_the_ballast(tmp_path):
     from chaos.journal import Journal
 
     journal = Journal("killed-run", directory=tmp_path / "journal")
-    f = tmp_path / "stack.yml"
-    f.write_text(SMALL)
-    stack = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ), journal=journal)
+    stack = local_stack(tmp_path, SMALL, journal=journal)
     stack.up()
     try:
         flt = fault("disk_full")

@@ -4,18 +4,14 @@ variables expanded, and evidence from a JSON counter or a command's exit status.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from pydantic import ValidationError
 
 from chaos.faults.base import FaultContext
-from chaos.faults.registry import build_fault
-from chaos.scenario.model import Scenario
-from chaos.stack.local import LocalStack
+from kvchaos_support import fault as hook_fault, http_server, local_stack
 
 
 class FaultSwitch(BaseHTTPRequestHandler):
@@ -57,12 +53,8 @@ class FaultSwitch(BaseHTTPRequestHandler):
 @pytest.fixture
 def port():
     FaultSwitch.state = {"on": False, "dropped": 0, "calls": []}
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FaultSwitch)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with http_server(FaultSwitch) as p:
+        yield p
 
 
 STACK = """
@@ -76,21 +68,12 @@ x-kvchaos:
 
 @pytest.fixture
 def ctx(port, tmp_path):
-    f = tmp_path / "stack.yml"
-    f.write_text(STACK)
-    stack = LocalStack(f, run_dir=tmp_path / "run",
-                       environ={**os.environ, "LMCACHE_HTTP_PORT": str(port), "MARK_DIR": str(tmp_path)})
+    stack = local_stack(tmp_path, STACK, LMCACHE_HTTP_PORT=str(port), MARK_DIR=str(tmp_path))
     return FaultContext(stack=stack, scenario_dir=tmp_path)
 
 
 def fault(**fields):
-    item = {"kind": "hook", "service": "lmcache", "duration": 5, **fields}
-    s = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
-         "checks": {"evidence": {}}},
-        context={"check_paths": False},
-    )
-    return build_fault(s.phases[0].faults[0])
+    return hook_fault("hook", service="lmcache", **fields)
 
 
 BASE = "http://127.0.0.1:${LMCACHE_HTTP_PORT}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -10,10 +9,9 @@ import httpx
 import pytest
 
 from chaos.faults.base import FaultContext
-from chaos.faults.registry import build_fault
 from chaos.journal import open_entries
-from chaos.scenario.model import Scenario
 from chaos.stack.local import LocalStack
+from kvchaos_support import fault, local_stack, started
 
 STACK = """
 x-kvchaos:
@@ -33,29 +31,10 @@ services:
 """
 
 
-def fault(kind: str, **fields):
-    """Validate through the scenario model, as a YAML fault would be."""
-    item = {"kind": kind, "duration": 5, **fields}
-    s = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
-         "checks": {"evidence": {}}},
-        context={"check_paths": False},
-    )
-    return build_fault(s.phases[0].faults[0])
-
-
 @pytest.fixture
 def stack(tmp_path: Path):
-    f = tmp_path / "stack.yml"
-    f.write_text(STACK)
-    st = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
-    st.up()
-    try:
+    with started(local_stack(tmp_path, STACK)) as st:
         yield st
-    finally:
-        st.down()
-        assert open_entries(st.journal.path) == []
-        assert not any(p.group_alive() for p in st._procs.values())
 
 
 def web_answers(stack: LocalStack) -> bool:
@@ -131,6 +110,7 @@ def test_heal_without_a_stack_is_harmless():
 
 def test_service_must_exist_in_the_stack(tmp_path):
     from chaos.scenario.loader import validate_against_stack
+    from chaos.scenario.model import Scenario
     from chaos.yamlsource import ConfigError
 
     s = Scenario.model_validate(

@@ -4,9 +4,7 @@ deleted or bit-flipped; other files and keys are left alone."""
 from __future__ import annotations
 
 import hashlib
-import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from chaos.faults.base import FaultContext
-from chaos.faults.registry import build_fault
 from chaos.journal import open_entries
-from chaos.scenario.model import Scenario
 from chaos.stack.local import LocalStack
+from kvchaos_support import LMCACHE_FS_STACK, fault, local_stack, needs_lmcache, needs_redis
 
 FS_STACK = """
 services:
@@ -41,20 +38,6 @@ x-kvchaos:
 
 CHUNK = 4096  # bytes per stored object in these tests
 
-needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
-needs_lmcache = pytest.mark.skipif(not Path(sys.executable).with_name("lmcache").exists(),
-                                   reason="needs LMCache installed in this environment")
-
-
-def fault(kind: str, **fields):
-    item = {"kind": kind, "duration": 5, **fields}
-    s = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
-         "checks": {"evidence": {}}},
-        context={"check_paths": False},
-    )
-    return build_fault(s.phases[0].faults[0])
-
 
 def object_name(i: int, salt: str = "") -> str:
     """LMCache 0.5.6's fs file name for chunk i (fs_l2_adapter._object_key_to_filename)."""
@@ -74,9 +57,7 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def fs_stack(tmp_path: Path) -> LocalStack:
-    f = tmp_path / "stack.yml"
-    f.write_text(FS_STACK)
-    st = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))  # settings only, not started
+    st = local_stack(tmp_path, FS_STACK)  # settings only, not started
     l2 = Path(st.settings.l2_fs_path)
     l2.mkdir(parents=True)
     for i in range(10):
@@ -157,9 +138,7 @@ def test_repeat_every_hits_objects_stored_during_the_fault(fs_stack):
 
 
 def test_nothing_stored_means_it_did_not_bite(tmp_path):
-    f = tmp_path / "stack.yml"
-    f.write_text(FS_STACK)
-    st = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    st = local_stack(tmp_path, FS_STACK)
     flt = fault("l2_corrupt", mode="delete", target="fs")
     ctx = FaultContext(stack=st)
     assert flt.apply(ctx)["corrupted"] == 0
@@ -185,9 +164,7 @@ def test_fraction_zero_is_refused():
 def test_redis_values_truncated_flipped_deleted(tmp_path):
     import redis
 
-    f = tmp_path / "stack.yml"
-    f.write_text(REDIS_STACK)
-    st = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    st = local_stack(tmp_path, REDIS_STACK)
     with st:
         r = redis.Redis.from_url(st.settings.redis.url)
         for i in range(6):
@@ -218,27 +195,6 @@ def test_redis_values_truncated_flipped_deleted(tmp_path):
     assert open_entries(st.journal.path) == []
 
 
-LMCACHE_STACK = """
-services:
-  lmcache:
-    command: [lmcache, server, --host, 127.0.0.1, --port, "${LMCACHE_PORT:-0}",
-              --http-host, 127.0.0.1, --http-port, "${LMCACHE_HTTP_PORT:-0}",
-              --prometheus-port, "${LMCACHE_PROMETHEUS_PORT:-0}",
-              --chunk-size, "256", --l1-size-gb, "0.2", --eviction-policy, LRU,
-              --supported-transfer-mode, auto,
-              --l2-adapter, '{"type": "fs", "base_path": "${KVCHAOS_RUN_DIR}/l2fs"}']
-    healthcheck:
-      test: [CMD, kvchaos, probe, "http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}/healthcheck"]
-      interval: 500ms
-      retries: 120
-    stop_grace_period: 5s
-x-kvchaos:
-  lmcache: lmcache
-  lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
-  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
-"""
-
-
 @needs_lmcache
 @pytest.mark.slow
 def test_lmcache_counts_loads_of_truncated_objects_as_failures(tmp_path):
@@ -246,9 +202,7 @@ def test_lmcache_counts_loads_of_truncated_objects_as_failures(tmp_path):
 
     import httpx
 
-    f = tmp_path / "stack.yml"
-    f.write_text(LMCACHE_STACK)
-    stack = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    stack = local_stack(tmp_path, LMCACHE_FS_STACK)
     lmcache = str(Path(sys.executable).with_name("lmcache"))
 
     def bench() -> None:  # one 512-token request: lookup, store (2 chunks to L1 and L2), retrieve

@@ -12,10 +12,8 @@ import psutil
 import pytest
 
 from chaos.faults.base import FaultContext
-from chaos.faults.registry import build_fault
 from chaos.journal import open_entries
-from chaos.scenario.model import Scenario
-from chaos.stack.local import LocalStack
+from kvchaos_support import fault, local_stack, started
 
 STACK = """
 services:
@@ -33,27 +31,10 @@ services:
 """
 
 
-def fault(kind: str, **fields):
-    item = {"kind": kind, "duration": 5, **fields}
-    s = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
-         "checks": {"evidence": {}}},
-        context={"check_paths": False},
-    )
-    return build_fault(s.phases[0].faults[0])
-
-
 @pytest.fixture
 def stack(tmp_path: Path):
-    f = tmp_path / "stack.yml"
-    f.write_text(STACK)
-    st = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
-    st.up()
-    try:
+    with started(local_stack(tmp_path, STACK)) as st:
         yield st
-    finally:
-        st.down()
-        assert open_entries(st.journal.path) == []
 
 
 def group_statuses(pgid: int) -> list[str]:

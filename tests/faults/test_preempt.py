@@ -5,20 +5,18 @@ slow, against the reference engine itself (``kvchaos engine serve``) under Local
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import pytest
 
 from chaos.faults.base import FaultContext
-from chaos.faults.registry import build_fault
 from chaos.journal import open_entries
-from chaos.scenario.model import Scenario
 from chaos.stack.local import LocalStack
+from kvchaos_support import fault, http_server, local_stack
 
 
 class HookServer(BaseHTTPRequestHandler):
@@ -65,12 +63,8 @@ class HookServer(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     HookServer.running, HookServer.preemptions, HookServer.bodies = [], 0, []
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), HookServer)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with http_server(HookServer) as p:
+        yield p
 
 
 STACK = """
@@ -82,20 +76,8 @@ x-kvchaos:
 """
 
 
-def fault(kind: str, **fields):
-    item = {"kind": kind, "duration": 5, **fields}
-    s = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
-         "checks": {"evidence": {}}},
-        context={"check_paths": False},
-    )
-    return build_fault(s.phases[0].faults[0])
-
-
 def stack_for(tmp_path: Path, port: int, text: str = STACK) -> LocalStack:
-    f = tmp_path / "stack.yml"
-    f.write_text(text)
-    return LocalStack(f, run_dir=tmp_path / "run", environ={**os.environ, "ENGINE_PORT": str(port)})
+    return local_stack(tmp_path, text, ENGINE_PORT=str(port))
 
 
 def test_calls_the_hook_every_interval_until_heal(server, tmp_path):
@@ -177,9 +159,7 @@ x-kvchaos:
 
 @pytest.mark.slow
 def test_the_reference_engine_counts_the_preemptions(tmp_path):
-    f = tmp_path / "stack.yml"
-    f.write_text(ENGINE_STACK)
-    stack = LocalStack(f, run_dir=tmp_path / "run", environ=dict(os.environ))
+    stack = local_stack(tmp_path, ENGINE_STACK)
     with stack:
         url = stack.settings.engine_url
         results: list[dict] = []

@@ -2,90 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from chaos.proxy.client import ToxiproxyClient
-from chaos.proxy.server import ProxyServer
-
-
-class ServerThread:
-    """Runs a ProxyServer on its own event loop in a daemon thread."""
-
-    def __init__(self, seed: int | None = 1, loop: str = "asyncio") -> None:
-        if loop == "uvloop":
-            uvloop = pytest.importorskip("uvloop")
-            self.loop = uvloop.new_event_loop()
-        else:
-            self.loop = asyncio.new_event_loop()
-        self.server = ProxyServer("127.0.0.1", 0, seed=seed)
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self.server.start())
-
-    def call(self, coro, timeout: float = 10.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def close(self) -> None:
-        self.call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-
-class Upstream:
-    """A threaded TCP server on 127.0.0.1 running ``handler(conn)`` per connection."""
-
-    def __init__(self, handler: Callable[[socket.socket], None]) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0), backlog=512)
-        self.port = self.sock.getsockname()[1]
-        self.address = f"127.0.0.1:{self.port}"
-        self.handler = handler
-        self.conns: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self._run, args=(conn,), daemon=True).start()
-
-    def _run(self, conn: socket.socket) -> None:
-        try:
-            self.handler(conn)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            try:
-                c.close()
-            except OSError:
-                pass
-
-
-def echo(conn: socket.socket) -> None:
-    """Echo every byte back until EOF."""
-    while True:
-        data = conn.recv(65536)
-        if not data:
-            return
-        conn.sendall(data)
+from kvchaos_support import ServerThread, Upstream, echo
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])

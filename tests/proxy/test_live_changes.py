@@ -1,7 +1,7 @@
 """Acceptance 3: toxics added, updated and removed while a connection streams.
 
 A client streams numbered random blocks through the proxy in one direction; the far end
-hashes what it receives. Toxics change mid-stream; at the end both hashes must match (no byte
+hashes what it receives. Every test runs with the splice(2) fast path and without it. Toxics change mid-stream; at the end both hashes must match (no byte
 lost, duplicated or reordered) and the rate seen at the far end must follow the toxics.
 """
 
@@ -14,6 +14,8 @@ import threading
 import time
 
 import pytest
+
+from chaos.proxy import link as link_module
 
 POOL = os.urandom(1 << 20)
 BLOCK = 32 * 1024
@@ -64,6 +66,12 @@ class Sink:
         start = self.count
         time.sleep(seconds)
         return (self.count - start) / seconds
+
+
+@pytest.fixture(autouse=True, params=["splice", "plain"])
+def fast_path(request, monkeypatch):
+    """Run each test with the splice(2) fast path and with the plain one (transport writes)."""
+    monkeypatch.setattr(link_module, "SPLICE", link_module.SPLICE and request.param == "splice")
 
 
 @pytest.fixture

@@ -1,0 +1,185 @@
+"""Helpers shared by the test modules (on ``sys.path`` through ``pythonpath`` in pyproject.toml).
+
+- ``fault(kind, **fields)``: a fault built from fields exactly as a YAML scenario's fault is
+  (validated through the scenario model), so tests exercise the same defaults and errors.
+- ``local_stack(tmp_path, text, **env)``: a LocalStack (not started) for a stack file's text.
+- ``LMCACHE_FS_STACK``: a real ``lmcache server`` with one filesystem L2 adapter.
+- skip markers for what a test needs on this machine.
+- ``ServerThread``, ``Upstream``, ``echo``: a fault proxy in a background event loop and real TCP
+  upstreams (threads), for tests that drive traffic through the proxy.
+- ``http_server(handler)``: a small real HTTP server in a thread (a stand-in for an engine or
+  LMCache HTTP API with just the routes a test needs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import threading
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from chaos.faults.base import Fault
+from chaos.faults.registry import build_fault
+from chaos.journal import Journal, open_entries
+from chaos.proxy.server import ProxyServer
+from chaos.scenario.model import Scenario
+from chaos.stack.local import LocalStack
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting the L2 tmpfs needs root")
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+needs_lmcache = pytest.mark.skipif(not Path(sys.executable).with_name("lmcache").exists(),
+                                   reason="needs LMCache installed in this environment")
+
+#: A real LMCache MP server whose only L2 is the filesystem adapter under the run folder.
+LMCACHE_FS_STACK = """
+services:
+  lmcache:
+    command: [lmcache, server, --host, 127.0.0.1, --port, "${LMCACHE_PORT:-0}",
+              --http-host, 127.0.0.1, --http-port, "${LMCACHE_HTTP_PORT:-0}",
+              --prometheus-port, "${LMCACHE_PROMETHEUS_PORT:-0}",
+              --chunk-size, "256", --l1-size-gb, "0.2", --eviction-policy, LRU,
+              --supported-transfer-mode, auto,
+              --l2-adapter, '{"type": "fs", "base_path": "${KVCHAOS_RUN_DIR}/l2fs"}']
+    healthcheck:
+      test: [CMD, kvchaos, probe, "http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}/healthcheck"]
+      interval: 500ms
+      retries: 120
+    stop_grace_period: 5s
+x-kvchaos:
+  lmcache: lmcache
+  lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
+  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
+"""
+
+
+def fault(kind: str, **fields) -> Fault:
+    """The fault a scenario's ``faults:`` item ``{kind: ..., duration: 5, **fields}`` builds.
+
+    Raises:
+        pydantic.ValidationError: the fields are not valid for ``kind``.
+    """
+    item = {"kind": kind, "duration": 5, **fields}
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [item]}],
+         "checks": {"evidence": {}}},
+        context={"check_paths": False},
+    )
+    return build_fault(s.phases[0].faults[0])
+
+
+def local_stack(tmp_path: Path, text: str, journal: Journal | None = None, **env: str) -> LocalStack:
+    """A LocalStack (not started) for the stack file ``text``, written to ``tmp_path/stack.yml``,
+    run in ``tmp_path/run``, with this process's environment plus ``env``."""
+    f = tmp_path / "stack.yml"
+    f.write_text(text)
+    return LocalStack(f, run_dir=tmp_path / "run", environ={**os.environ, **env}, journal=journal)
+
+
+@contextmanager
+def started(stack: LocalStack) -> Iterator[LocalStack]:
+    """``stack`` up for the block; afterwards down, with nothing left open in its journal and no
+    process group of it alive (AssertionError otherwise)."""
+    stack.up()
+    try:
+        yield stack
+    finally:
+        stack.down()
+        assert open_entries(stack.journal.path) == []
+        assert not any(p.group_alive() for p in stack._procs.values())
+
+
+@contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A ThreadingHTTPServer on 127.0.0.1 with ``handler``, served from a daemon thread for the
+    block; yields its port."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class ServerThread:
+    """Runs a ProxyServer on its own event loop in a daemon thread."""
+
+    def __init__(self, seed: int | None = 1, loop: str = "asyncio") -> None:
+        if loop == "uvloop":
+            uvloop = pytest.importorskip("uvloop")
+            self.loop = uvloop.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
+        self.server = ProxyServer("127.0.0.1", 0, seed=seed)
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.server.start())
+
+    def call(self, coro, timeout: float = 10.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def close(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+class Upstream:
+    """A threaded TCP server on 127.0.0.1 running ``handler(conn)`` per connection."""
+
+    def __init__(self, handler: Callable[[socket.socket], None]) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=512)
+        self.port = self.sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.handler = handler
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._run, args=(conn,), daemon=True).start()
+
+    def _run(self, conn: socket.socket) -> None:
+        try:
+            self.handler(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+def echo(conn: socket.socket) -> None:
+    """Echo every byte back until EOF."""
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        conn.sendall(data)
