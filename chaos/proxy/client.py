@@ -2,7 +2,7 @@
 
 Calls Toxiproxy 2.x's documented REST API (README "HTTP API" of Shopify/toxiproxy) over
 httpx, with a timeout on every call. Updates use ``PATCH`` (Toxiproxy >= 2.6.0, which
-deprecates ``POST`` for updates) and fall back to ``POST`` on 405 for older 2.x servers. Every non-2xx answer raises :class:`ToxiproxyError` carrying the HTTP
+deprecates ``POST`` for updates) and fall back to ``POST`` on 405 or 404 for older 2.x servers. Every non-2xx answer raises :class:`ToxiproxyError` carrying the HTTP
 status and the server's ``error`` message.
 
 Example::
@@ -87,7 +87,9 @@ class ToxiproxyClient:
         try:
             return self._call("PATCH", path, json=body)
         except ToxiproxyError as exc:
-            if exc.status != 405:  # Toxiproxy < 2.6 has no PATCH route
+            # Toxiproxy < 2.6.0 has no PATCH route: its router answers 405 (gorilla/mux >= 1.6.1)
+            # or 404 (older routers). A real 404 (no such proxy/toxic) comes back from the POST.
+            if exc.status not in (404, 405):
                 raise
             return self._call("POST", path, json=body)
 
