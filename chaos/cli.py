@@ -64,30 +64,71 @@ def _stack_run_dir(file: Path) -> Path:
     return state_dir() / "stacks" / f"{file.stem}-{key}"
 
 
+def _attach_stack(run_dir: Path):
+    """The stack a `kvchaos stack up` left in ``run_dir``: a ComposeStack when its state.json
+    says ``"backend": "compose"``, else a LocalStack.
+
+    Raises:
+        ConfigError: the stack file changed and no longer loads.
+        StackError: a compose stack, and no Docker engine answers.
+    """
+    state = json.loads((run_dir / "state.json").read_text())
+    if state.get("backend") == "compose":
+        from chaos.stack.compose import ComposeStack
+
+        return ComposeStack.attach(run_dir)
+    from chaos.stack.local import LocalStack
+
+    return LocalStack.attach(run_dir)
+
+
 @stack_app.command("up")
 def stack_up(file: Path = typer.Argument(..., help="stack file (compose format with x-kvchaos)"),
              service: list[str] = typer.Option(None, "--service", "-s",
-                                               help="start only this service and its dependencies (repeatable)")
+                                               help="start only this service and its dependencies "
+                                                    "(repeatable; local backend)"),
+             backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND",
+                                         help="local (processes) or compose (Docker containers)"),
              ) -> None:
-    """Start every service of FILE as local processes, wait until healthy, and leave them running."""
+    """Start every service of FILE (local processes or, with --backend compose, a compose
+    project), wait until healthy, and leave it running for `kvchaos stack status|down FILE`."""
     from chaos.stack.base import StackError
-    from chaos.stack.local import LocalStack
 
+    if backend not in ("local", "compose"):
+        console.print(f"error: --backend must be local or compose, not {backend!r}")
+        raise typer.Exit(EXIT_INVALID)
+    if service and backend == "compose":
+        console.print("error: --service works with the local backend only")
+        raise typer.Exit(EXIT_INVALID)
     run_dir = _stack_run_dir(file)
     if (run_dir / "state.json").exists():
         console.print(f"stack {file} is already up (state in {run_dir}); `kvchaos stack down {file}` first")
         raise typer.Exit(EXIT_INFRA)
     try:
-        stack = LocalStack(file, run_dir=run_dir)
-        if service:
-            stack.spec.with_dependencies(service)
+        if backend == "compose":
+            from chaos.stack.compose import ComposeStack
+
+            stack = ComposeStack(file, run_dir=run_dir)
+        else:
+            from chaos.stack.local import LocalStack
+
+            stack = LocalStack(file, run_dir=run_dir)
+            if service:
+                stack.spec.with_dependencies(service)
     except ConfigError as exc:
         fail_config(exc)
+    except StackError as exc:
+        console.print(f"[red]no {backend} backend:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_INFRA)
     try:
         with console.status(f"starting {file} ..."):
-            stack.up(service or None)
+            if service:
+                stack.up(service)
+            else:
+                stack.up()
     except StackError as exc:
         console.print(f"[red]stack did not start:[/red] {exc}", highlight=False)
+        stack.down()  # a compose project half up, or processes that did start
         raise typer.Exit(EXIT_INFRA)
     _print_status(stack)
     console.print(f"logs: {stack.log_dir}")
@@ -95,17 +136,20 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
 
 @stack_app.command("down")
 def stack_down(file: Path = typer.Argument(..., help="stack file given to `stack up`")) -> None:
-    """Stop every service of a stack started with `kvchaos stack up FILE`."""
-    from chaos.stack.local import LocalStack
+    """Stop every service of a stack started with `kvchaos stack up FILE` (either backend)."""
+    from chaos.stack.base import StackError
 
     run_dir = _stack_run_dir(file)
     if not (run_dir / "state.json").exists():
         console.print(f"stack {file} is not up")
         return
     try:
-        stack = LocalStack.attach(run_dir)
+        stack = _attach_stack(run_dir)
     except ConfigError as exc:
         fail_config(exc)
+    except StackError as exc:
+        console.print(f"[red]cannot reach the stack:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_INFRA)
     stack.down()
     console.print(f"stack {file} is down")
 
@@ -113,17 +157,20 @@ def stack_down(file: Path = typer.Argument(..., help="stack file given to `stack
 @stack_app.command("status")
 def stack_status(file: Path = typer.Argument(..., help="stack file given to `stack up`"),
                  as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Show the services of a stack started with `kvchaos stack up FILE`."""
-    from chaos.stack.local import LocalStack
+    """Show the services of a stack started with `kvchaos stack up FILE` (either backend)."""
+    from chaos.stack.base import StackError
 
     run_dir = _stack_run_dir(file)
     if not (run_dir / "state.json").exists():
         console.print(f"stack {file} is not up")
         raise typer.Exit(EXIT_INFRA)
     try:
-        stack = LocalStack.attach(run_dir)
+        stack = _attach_stack(run_dir)
     except ConfigError as exc:
         fail_config(exc)
+    except StackError as exc:
+        console.print(f"[red]cannot reach the stack:[/red] {exc}", highlight=False)
+        raise typer.Exit(EXIT_INFRA)
     if as_json:
         st = stack.status()
         out.print_json(json.dumps({n: {"state": s.state, "pid": s.pid} for n, s in st.items()}))

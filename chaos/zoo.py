@@ -12,8 +12,8 @@
     ran or the clean engine does not pass one
 
     --repeat N: the whole zoo N times (run-1/ .. run-N/ under the output folder), then
-    compare_matrices(): exit 1 also when the runs disagree on any cell or on the checks
-    that failed in it (a flaky scenario or checker)
+    compare_matrices(): exit 1 also when the runs disagree on any cell (a flaky scenario or
+    checker); cells that agree but were failed by other checks are listed, not failed
 
 A checker must have teeth: a scenario that passes the clean engine and fails the engine with a
 planted bug "caught" it; a bug that passes every scenario it met "escaped". Seeds are the
@@ -162,6 +162,13 @@ class ZooMatrix:
         for r in self.rows:
             lines.append("| " + " | ".join([f"`{r}`", *(self.cell(r, c) for c in self.columns)]) + " |")
         lines.append("")
+        caught = [(r, c, self.failed_checks.get(r, {}).get(c, [])) for r in self.rows for c in self.columns
+                  if self.cell(r, c) in ("caught", "failed")]
+        if caught:
+            lines.append("Checks that failed (what caught each bug; for the clean engine, what failed):")
+            lines.append("")
+            lines += [f"- `{r}` / {c}: {', '.join(checks) or 'no check recorded'}" for r, c, checks in caught]
+            lines.append("")
         esc, bad = self.escaped(), self.clean_failures()
         lines.append(f"Escaped planted bugs: {', '.join(esc) if esc else 'none'}.")
         lines.append(f"Clean engine not passing: {', '.join(bad) if bad else 'none'}.")
@@ -177,13 +184,17 @@ class ZooMatrix:
         return md, js
 
 
-def compare_matrices(matrices: list[ZooMatrix]) -> list[str]:
-    """Where repeated zoo runs disagree: one line per (row, scenario) whose cell or set of
-    failed checks differs between runs, e.g. ``"clean / lookup-timeout: passed | failed
-    (liveness)"``. An empty list means every run gave the same matrix.
+def compare_matrices(matrices: list[ZooMatrix], *, cells_only: bool = True) -> list[str]:
+    """Where repeated zoo runs disagree, one line per (row, scenario).
+
+    With ``cells_only`` (the matrix): the cell differs between runs, e.g.
+    ``"clean / lookup-timeout: passed | failed (liveness) | passed"``. Otherwise: the cell is the
+    same in every run but the set of failed checks is not, e.g. ``"no-reconnect /
+    lmcache-restart: caught (hit_recovery) | caught (hit_recovery, leaks)"`` (a planted bug
+    whose damage depends on timing). An empty list means no such disagreement.
 
     Raises:
-        ValueError: fewer than one matrix.
+        ValueError: no matrix given.
     """
     if not matrices:
         raise ValueError("compare_matrices needs at least one matrix")
@@ -192,12 +203,13 @@ def compare_matrices(matrices: list[ZooMatrix]) -> list[str]:
     out = []
     for r in rows:
         for c in columns:
-            seen = []
-            for m in matrices:
-                checks = m.failed_checks.get(r, {}).get(c, [])
-                seen.append(m.cell(r, c) + (f" ({', '.join(checks)})" if checks else ""))
-            if len(set(seen)) > 1:
-                out.append(f"{r} / {c}: {' | '.join(seen)}")
+            cells = [m.cell(r, c) for m in matrices]
+            checks = [m.failed_checks.get(r, {}).get(c, []) for m in matrices]
+            cells_differ = len(set(cells)) > 1
+            checks_differ = len({tuple(x) for x in checks}) > 1
+            if (cells_differ if cells_only else (checks_differ and not cells_differ)):
+                shown = [cell + (f" ({', '.join(x)})" if x else "") for cell, x in zip(cells, checks)]
+                out.append(f"{r} / {c}: {' | '.join(shown)}")
     return out
 
 
@@ -374,7 +386,7 @@ def zoo(
     Writes OUT/matrix.md and OUT/matrix.json (with ``--repeat N``: each run's under OUT/run-K/,
     and OUT/matrix.* is the last run's plus the comparison). Exit codes: 0 every planted bug was
     caught by some scenario, the clean engine passed every scenario, and repeated runs gave the
-    same matrix (cells and failed checks); 1 otherwise; 2 bad arguments or an invalid scenario
+    same matrix (cells); 1 otherwise; 2 bad arguments or an invalid scenario
     file.
     """
     from chaos.scenario.loader import discover_scenarios
@@ -417,18 +429,23 @@ def zoo(
     extra = ""
     if repeat > 1:
         differ = compare_matrices(matrices)
+        varied = compare_matrices(matrices, cells_only=False)
         if differ:
             code = EXIT_ZOO_FAILED
             extra = (f"\nReruns: the {repeat} runs disagree (cell (failed checks) per run):\n"
                      + "\n".join(f"- {d}" for d in differ) + "\n")
         else:
-            extra = f"\nReruns: all {repeat} runs gave the same matrix (cells and failed checks).\n"
+            extra = f"\nReruns: all {repeat} runs gave the same matrix.\n"
+        if varied:
+            extra += ("\nSame cell, other checks failing (timing-dependent damage; not a "
+                      "disagreement):\n" + "\n".join(f"- {v}" for v in varied) + "\n")
     md, js = matrix.write(out)
     if extra:
         with md.open("a") as f:
             f.write(extra)
         data = json.loads(js.read_text())
         data["repeat"] = {"runs": repeat, "differences": compare_matrices(matrices),
+                          "failed_checks_varied": compare_matrices(matrices, cells_only=False),
                           "exit_code": code}
         js.write_text(json.dumps(data, indent=2) + "\n")
     typer.echo(matrix.to_markdown() + extra)

@@ -269,3 +269,41 @@ def test_build_context_leaves_out_venv_and_git(tmp_path):
         names = set(tar.getnames())
     assert {"compose/Dockerfile", "chaos/__init__.py", ".kvchaos-wheelhouse/a-1.0-py3-none-any.whl"} <= names
     assert not {n for n in names if n.startswith((".venv", ".git", "kvchaos.egg-info")) or "__pycache__" in n}
+
+
+def test_stack_cli_drives_a_compose_stack_across_processes(stack_env, leftovers, redis_stack_path, sweeper):
+    """`kvchaos stack up --backend compose FILE`, then `stack status` and `stack down` from other
+    processes: they find the compose project from state.json, and down leaves nothing."""
+    import json
+
+    kvchaos = [sys.executable, "-m", "chaos.cli", "stack"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*kvchaos, *args], env=stack_env, capture_output=True, text=True,
+                              timeout=300, cwd=REPO)
+
+    r = cli("up", "--backend", "compose", str(redis_stack_path))
+    state_files = list((Path(stack_env["KVCHAOS_STATE_DIR"]) / "stacks").glob("redis-*/state.json"))
+    assert len(state_files) == 1, r.stdout + r.stderr
+    state = json.loads(state_files[0].read_text())
+    sweeper.append(state["project"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert state["backend"] == "compose"
+    r = cli("status", "--json", str(redis_stack_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {n: s["state"] for n, s in json.loads(r.stdout).items()} == {
+        "redis": "running", "web": "running", "sleeper": "running"}
+    assert redis_ping(int(state["env"]["REDIS_PORT"]))
+    r = cli("down", str(redis_stack_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert leftovers(state["project"]) == NOTHING
+    assert not state_files[0].exists()
+    assert "is not up" in cli("status", str(redis_stack_path)).stderr
+
+
+def test_stack_cli_refuses_service_subsets_under_compose(redis_stack_path, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "stack", "up", "--backend", "compose",
+                        "--service", "redis", str(redis_stack_path)],
+                       env={**os.environ, "KVCHAOS_STATE_DIR": str(tmp_path)}, capture_output=True,
+                       text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2 and "local backend only" in r.stderr
