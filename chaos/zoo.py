@@ -426,6 +426,7 @@ def zoo(
         if repeat > 1:
             matrix.write(out / f"run-{k}")
     code = max(m.exit_code() for m in matrices)
+    md, js = matrix.write(out)
     extra = ""
     if repeat > 1:
         differ = compare_matrices(matrices)
@@ -439,14 +440,9 @@ def zoo(
         if varied:
             extra += ("\nSame cell, other checks failing (timing-dependent damage; not a "
                       "disagreement):\n" + "\n".join(f"- {v}" for v in varied) + "\n")
-    md, js = matrix.write(out)
-    if extra:
-        with md.open("a") as f:
-            f.write(extra)
-        data = json.loads(js.read_text())
-        data["repeat"] = {"runs": repeat, "differences": compare_matrices(matrices),
-                          "failed_checks_varied": compare_matrices(matrices, cells_only=False),
-                          "exit_code": code}
+        md.write_text(matrix.to_markdown() + extra)
+        data = {**matrix.to_json(), "repeat": {"runs": repeat, "differences": differ,
+                                               "failed_checks_varied": varied, "exit_code": code}}
         js.write_text(json.dumps(data, indent=2) + "\n")
     typer.echo(matrix.to_markdown() + extra)
     typer.echo(f"matrix: {md} {js}")
