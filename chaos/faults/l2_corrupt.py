@@ -109,7 +109,8 @@ class L2CorruptParams(FaultParams):
     def _some_objects(self) -> L2CorruptParams:
         if self.fraction == 0.0:
             raise ValueError("fraction 0 corrupts nothing; give a fraction > 0")
-        if self.mode != "bitflip" and ("bits" in self.model_fields_set or self.byte_range is not None):
+        # (by value, not by fields set: a journalled dump of the params carries the default)
+        if self.mode != "bitflip" and (self.bits != 1 or self.byte_range is not None):
             raise ValueError("`bits` and `byte_range` are for mode bitflip only")
         if self.byte_range is not None:
             start, end = self.byte_range

@@ -6,8 +6,6 @@ these models are only what the user may configure.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.scenario.duration import PositiveDuration

@@ -173,6 +173,9 @@ def test_bits_and_byte_range_are_for_bitflip_only():
 
     with pytest.raises(ValidationError, match="bitflip only"):
         fault("l2_corrupt", mode="truncate", bits=4)
+    # a dump of the params (what the journal keeps) loads again
+    f = fault("l2_corrupt", mode="truncate")
+    assert type(f.params).model_validate(f.params.model_dump(mode="json")) == f.params
     with pytest.raises(ValidationError, match="start < end"):
         fault("l2_corrupt", mode="bitflip", byte_range=[10, 10])
 
