@@ -96,6 +96,52 @@ def create_app(core: EngineCore) -> FastAPI:
     async def debug_state() -> JSONResponse:
         return JSONResponse(await run_in_threadpool(core.debug_state))
 
+    @app.get("/debug/requests/{request_id}")
+    async def debug_request(request_id: str, wait_for: str | None = None,
+                            timeout_s: float = 30.0) -> Any:
+        """Where one request is (its stage) and, after an abort, the stage it arrived in.
+
+        With ``wait_for=STAGE`` the answer is two JSON lines (``application/x-ndjson``): the
+        first as soon as the watch is registered (so a client may send the request only then,
+        and cannot miss a short stage), the second once the request enters that stage or ends,
+        or after ``timeout_s``; ``reached`` says whether it entered it. An id not seen yet is
+        waited for too.
+        """
+        if wait_for is None:
+            view = core.request_view(request_id)
+            if view is None:
+                return JSONResponse(error_body(f"no request {request_id!r}", 404, "NotFoundError"),
+                                    status_code=404)
+            return JSONResponse(view)
+        loop = asyncio.get_running_loop()
+        entered: asyncio.Future = loop.create_future()
+
+        def on_stage(stage: str) -> None:
+            loop.call_soon_threadsafe(lambda: entered.done() or entered.set_result(stage))
+
+        try:
+            token = core.watch_stage(request_id, wait_for, on_stage)
+        except ValueError as exc:
+            return _bad_request(str(exc), "wait_for")
+
+        async def lines() -> AsyncIterator[str]:
+            try:
+                view = core.request_view(request_id)
+                stage = view["stage"] if view else None
+                yield json.dumps({"request_id": request_id, "watching": wait_for, "stage": stage}) + "\n"
+                if stage != wait_for and stage not in ("finished", "aborted"):
+                    try:
+                        stage = await asyncio.wait_for(asyncio.shield(entered), max(0.0, timeout_s))
+                    except asyncio.TimeoutError:
+                        pass
+                view = core.request_view(request_id) or {"request_id": request_id, "stage": None,
+                                                          "abort": None}
+                yield json.dumps({**view, "reached": stage == wait_for, "entered": stage}) + "\n"
+            finally:
+                core.unwatch_stage(token)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
     @app.post("/hooks/preempt")
     async def hook_preempt(body: PreemptHook) -> JSONResponse:
         ids = await asyncio.wrap_future(core.hook("preempt", body.request_id))

@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: Where a request's work is, finer than its Phase (``/debug/requests/{id}`` shows it):
+#: queued (not looked up yet) -> lookup (LMCache lookup in flight) -> load (retrieving LMCache
+#: chunks after a positive lookup, a stall before the retrieve included) -> prefill (computing
+#: the prompt) -> decode (after the first token) -> finished | aborted. A preempted request goes
+#: back to queued.
+STAGES = ("queued", "lookup", "load", "prefill", "decode", "finished", "aborted")
+
+
 class Phase(str, enum.Enum):
     """Where a request is in its life (``/debug/state`` shows the value)."""
 
@@ -76,6 +84,9 @@ class Request:
     stale_computed: int = 0
     abort_requested: bool = False
     first_token_time: float | None = None
+    stage: str = "queued"                 # one of STAGES; written by the scheduler thread only
+    abort_arrived_in: str | None = None   # the stage when the abort reached the engine
+    abort_handled_in: str | None = None   # the stage when the scheduler handled it
     sink: Any = None                      # callable(TokenEvent), set by the HTTP layer
 
     @property
@@ -87,6 +98,7 @@ class Request:
         """The per-request entry of ``/debug/state``."""
         return {
             "phase": self.phase.value,
+            "stage": self.stage,
             "prompt_tokens": len(self.prompt),
             "output_tokens": len(self.output),
             "num_computed": self.num_computed,

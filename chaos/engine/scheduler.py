@@ -36,12 +36,13 @@ from chaos.engine.connector import LMCacheConnector
 from chaos.engine.kv_pool import KVPool
 from chaos.engine.metrics import Metrics
 from chaos.engine.model import PagedLlama
-from chaos.engine.request import Phase, Request, TokenEvent
+from chaos.engine.request import STAGES, Phase, Request, TokenEvent
 from chaos.engine.tokenizer import EOS_ID
 
 log = logging.getLogger("kvchaos.engine.scheduler")
 
 STALL_POINTS = ("before_lookup", "before_retrieve", "before_store")
+ENDED_KEPT = 4096  # ended requests whose last stage and abort record /debug/requests keeps
 
 
 class RequestRejected(ValueError):
@@ -87,6 +88,11 @@ class EngineCore:
         self._abort_ids: set[str] = set()
         self._hooks: list[tuple[str, Any, concurrent.futures.Future]] = []
         self._stalls: dict[str, list[float]] = {p: [] for p in STALL_POINTS}
+        # Stage watchers (the HTTP layer's /debug/requests long-poll) and ended requests.
+        self._stage_lock = threading.Lock()
+        self._stage_waiters: dict[str, list[tuple[str, Any]]] = {}
+        self._ended: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._abort_arrivals: dict[str, str] = {}
         self._inbox_lock = threading.Lock()
         self.state_lock = threading.Lock()
         self._wake = threading.Event()
@@ -120,10 +126,91 @@ class EngineCore:
         self.wake()
 
     def abort(self, request_id: str) -> None:
-        """Ask the scheduler to abort a request (any thread; idempotent)."""
+        """Ask the scheduler to abort a request (any thread; idempotent).
+
+        The stage the request is in when the abort arrives is recorded (``/debug/requests``:
+        ``abort.arrived_in``), so a client that aimed its cancel at a stage can see where it
+        landed; a retrieve in progress keeps the scheduler busy, so the abort is handled after it
+        (``abort.handled_in``).
+        """
         with self._inbox_lock:
             self._abort_ids.add(request_id)
+            req = self.requests.get(request_id)
+            queued = any(r.request_id == request_id for r in self._inbox)
+        with self._stage_lock:
+            if request_id not in self._abort_arrivals:
+                stage = req.stage if req is not None else ("queued" if queued else None)
+                if stage is not None:
+                    self._abort_arrivals[request_id] = stage
+                    if req is not None:
+                        req.abort_arrived_in = stage
         self.wake()
+
+    # ---- stages (where a request's work is) --------------------------------------------
+    def _set_stage(self, req: Request, stage: str) -> None:
+        """Move ``req`` to ``stage`` and wake whoever waits for it (or for its end)."""
+        req.stage = stage
+        ended = stage in ("finished", "aborted")
+        with self._stage_lock:
+            if ended:
+                self._ended[req.request_id] = {"stage": stage, "abort": self._abort_record(req)}
+                while len(self._ended) > ENDED_KEPT:
+                    self._ended.popitem(last=False)
+                self._abort_arrivals.pop(req.request_id, None)
+            waiters = self._stage_waiters.get(req.request_id, [])
+            fire = [w for w in waiters if ended or w[0] == stage]
+            for w in fire:
+                waiters.remove(w)
+            if not waiters:
+                self._stage_waiters.pop(req.request_id, None)
+        for _, callback in fire:
+            callback(stage)
+
+    def _abort_record(self, req: Request) -> dict[str, Any] | None:
+        if req.abort_arrived_in is None and req.stage != "aborted":
+            return None
+        return {"arrived_in": req.abort_arrived_in, "handled_in": req.abort_handled_in}
+
+    def request_view(self, request_id: str) -> dict[str, Any] | None:
+        """Where request ``request_id`` is: ``{"request_id", "stage", "abort"}`` (any thread, no
+        state lock, so it answers while a retrieve or a stall holds the scheduler); ``abort`` is
+        ``{"arrived_in", "handled_in"}`` once an abort reached the engine. None when the id is
+        unknown (not sent yet, or ended more than ENDED_KEPT requests ago)."""
+        with self._stage_lock:
+            ended = self._ended.get(request_id)
+            if ended is not None:
+                return {"request_id": request_id, **ended}
+            req = self.requests.get(request_id)
+            if req is None:
+                with self._inbox_lock:
+                    req = next((r for r in self._inbox if r.request_id == request_id), None)
+            if req is None:
+                return None
+            return {"request_id": request_id, "stage": req.stage, "abort": self._abort_record(req)}
+
+    def watch_stage(self, request_id: str, stage: str, callback: Any) -> Any:
+        """Call ``callback(stage_entered)`` (from the scheduler thread) once ``request_id`` enters
+        ``stage`` or ends (finished/aborted). Returns a token for :meth:`unwatch_stage`.
+
+        Raises:
+            ValueError: ``stage`` is not one of ``STAGES``.
+        """
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+        entry = (stage, callback)
+        with self._stage_lock:
+            self._stage_waiters.setdefault(request_id, []).append(entry)
+        return (request_id, entry)
+
+    def unwatch_stage(self, token: Any) -> None:
+        """Forget a watcher (idempotent)."""
+        rid, entry = token
+        with self._stage_lock:
+            waiters = self._stage_waiters.get(rid)
+            if waiters and entry in waiters:
+                waiters.remove(entry)
+                if not waiters:
+                    self._stage_waiters.pop(rid, None)
 
     def hook(self, kind: str, arg: Any) -> concurrent.futures.Future:
         """Run a fault hook at the next step boundary.
@@ -292,6 +379,7 @@ class EngineCore:
             req.num_registered_blocks = len(hit_blocks)
             self.running.append(req)
             req.phase = Phase.RUNNING
+            self._set_stage(req, "prefill")
             self._load_external(req, local_hit)
             if req.phase is Phase.WAITING:
                 blocked = True  # planted retry-failed-load-forever: the head waits to retry
@@ -324,6 +412,7 @@ class EngineCore:
                 self.metrics.inc("kvchaos_engine_lookup_errors_total")
                 return True
             req.lookup_status = "pending"
+            self._set_stage(req, "lookup")
         if req.lookup_status != "pending":
             return True
         outcome = conn.poll_lookup(req.request_id)
@@ -399,9 +488,11 @@ class EngineCore:
             conn.free_locks(req.request_id, req.prompt, salt, 0, hit)
             return
         conn.free_locks(req.request_id, req.prompt, salt, 0, start)
+        self._set_stage(req, "load")
         self._stall("before_retrieve")
         ok = conn.retrieve(req.request_id, req.prompt, salt, start, hit,
                            req.block_table[start // bs:hit // bs], local_hit - start)
+        self._set_stage(req, "prefill")
         if not ok:
             self.metrics.inc("kvchaos_engine_load_failures_total")
             self.metrics.inc("kvchaos_engine_load_failed_tokens_total", hit - local_hit)
@@ -528,6 +619,8 @@ class EngineCore:
         req.output.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
+        if req.stage != "decode":
+            self._set_stage(req, "decode")
         self.metrics.inc("vllm:generation_tokens_total")
         self._send(req, event)
         if len(req.output) >= req.max_tokens:
@@ -578,6 +671,7 @@ class EngineCore:
     def _finish(self, req: Request, reason: str) -> None:
         self._release(req)
         req.phase = Phase.FINISHED
+        self._set_stage(req, "finished")
         self.metrics.inc("vllm:request_success_total", finished_reason=reason)
         self._send(req, TokenEvent(final=True, finish_reason=reason))
         self.requests.pop(req.request_id, None)
@@ -585,6 +679,7 @@ class EngineCore:
     def _abort_now(self, req: Request, error: str | None = None, code: int = 500) -> None:
         """Abort ``req``: free blocks; free lookup locks and end the LMCache session."""
         self.metrics.inc("kvchaos_engine_aborts_total")
+        req.abort_handled_in = req.stage
         leak = "skip-abort-cleanup" in self.bugs and error is None
         if req.lookup_status == "pending" and not leak:
             # The prefetch may still take locks: finish it, then free them (F9).
@@ -598,6 +693,7 @@ class EngineCore:
             self._release(req, leak_lmcache=leak)
             req.phase = Phase.ABORTED
             self.requests.pop(req.request_id, None)
+        self._set_stage(req, "aborted")
         self._send(req, TokenEvent(final=True, finish_reason="abort", error=error,
                                    error_code=code))
 
@@ -644,6 +740,7 @@ class EngineCore:
             req.lookup_status = "unset"
             req.lookup_tokens = 0
         req.phase = Phase.WAITING
+        self._set_stage(req, "queued")
         req.num_preemptions += 1
         self.metrics.inc("vllm:num_preemptions_total")
         self.waiting.appendleft(req)

@@ -8,13 +8,22 @@
     ``aborted: true``
 
 Modes: ``after_first_token`` (streamed requests; a non-streamed request has no first token,
-so it is aborted ``after_ms`` after it was sent instead), ``after_ms``, and ``random`` (each
+so it is aborted ``after_ms`` after it was sent instead), ``after_ms``, ``random`` (each
 picked request is aborted at a random point: for a streamed request after its first token or
 at a uniform time in [0, after_ms] ms, for a non-streamed one at a uniform time in
-[0, after_ms] ms). ``probability`` picks which requests are aborted (seeded); ``storm``
-aborts every request started in the window. The engine must end each aborted request's
-lookup, locks and session (field report F9: an abort between prefix match and load-back
-leaked a pending lookup, read locks and the session).
+[0, after_ms] ms), and ``at_state``: aborted once the engine reports the request entered
+``state`` (``lookup``: its LMCache lookup is in flight; ``load``: LMCache chunks are being
+retrieved after a positive lookup; ``prefill``; ``decode``), read from the engine's stage
+watch (the reference engine's ``GET /debug/requests/{id}?wait_for=STAGE``), after which the
+client asks the engine where the abort landed. ``probability`` picks which requests are
+aborted (seeded); ``storm`` aborts every request started in the window. The engine must end
+each aborted request's lookup, locks and session (field report F9: an abort between prefix
+match and load-back leaked a pending lookup, read locks and the session).
+
+Evidence: requests aborted while the window was open; with ``at_state``, only aborts the
+engine says landed in that state count (``landed``: stage -> aborts), so a window where no
+request reached the state (a lookup that never went out, a load that never happened) or every
+abort landed later is inconclusive, never "bitten".
 """
 
 from __future__ import annotations
@@ -22,24 +31,30 @@ from __future__ import annotations
 import threading
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
 from chaos.workload.client import Cancel
 
-__all__ = ["CancelParams", "CancelFault", "aborted_in_window"]
+__all__ = ["CancelParams", "CancelFault", "aborted_in_window", "landings"]
 
 
 class CancelParams(FaultParams):
     """Clients abort requests started while the fault is active."""
 
     kind: Literal["cancel"]
-    mode: Literal["after_first_token", "after_ms", "random"] = Field(
+    mode: Literal["after_first_token", "after_ms", "random", "at_state"] = Field(
         default="after_first_token",
         description="when a picked request is aborted: after its first token (streamed; "
-        "non-streamed requests fall back to after_ms), after_ms milliseconds after it was sent, or "
-        "at a random point",
+        "non-streamed requests fall back to after_ms), after_ms milliseconds after it was sent, "
+        "at a random point, or at_state: once the engine reports it in `state`",
+    )
+    state: Literal["lookup", "load", "prefill", "decode"] | None = Field(
+        default=None,
+        description="mode at_state: the request state to abort in: lookup (LMCache lookup in flight), "
+        "load (retrieving LMCache chunks after a positive lookup), prefill, decode; needs an engine with "
+        "a stage watch (the reference engine's /debug/requests/{id})",
     )
     after_ms: float = Field(
         default=50.0, ge=0.0,
@@ -53,6 +68,13 @@ class CancelParams(FaultParams):
     storm: bool = Field(
         default=False, description="abort every request started in the window, whatever probability says"
     )
+
+    @model_validator(mode="after")
+    def _state_with_at_state(self) -> CancelParams:
+        if (self.mode == "at_state") != (self.state is not None):
+            raise ValueError("mode at_state needs `state` (lookup, load, prefill or decode)"
+                             if self.mode == "at_state" else "`state` is only for mode at_state")
+        return self
 
 
 def aborted_in_window(ops: list[Any], start: float, end: float, also: set[str] | None = None) -> list[str]:
@@ -77,6 +99,32 @@ def aborted_in_window(ops: list[Any], start: float, end: float, also: set[str] |
             if op.request_id in also or (t is not None and start <= t <= end):
                 out.append(op.request_id)
     return out
+
+
+def landings(ops: list[Any], ids: list[str]) -> dict[str, Any]:
+    """Where the stage-aimed cancels of ``ids`` landed, from their ``info`` ops' ``cancel`` value.
+
+    Returns:
+        ``{"landed": {stage: n}, "never_reached": [ids], "unlanded": [ids]}``: ``landed`` counts
+        aborts by the engine's stage when the abort reached it; ``never_reached``: requests that
+        ended (or were not watchable) without entering the target stage; ``unlanded``: aborted
+        but the engine recorded no abort (it ended first).
+    """
+    want = set(ids)
+    landed: dict[str, int] = {}
+    never: list[str] = []
+    unlanded: list[str] = []
+    for op in ops:
+        if op.f != "complete" or op.type == "invoke" or op.request_id not in want:
+            continue
+        c = op.value.get("cancel") or {}
+        if not c.get("reached"):
+            never.append(op.request_id)
+        elif c.get("landed_in"):
+            landed[c["landed_in"]] = landed.get(c["landed_in"], 0) + 1
+        else:
+            unlanded.append(op.request_id)
+    return {"landed": landed, "never_reached": never, "unlanded": unlanded}
 
 
 @register("cancel")
@@ -126,6 +174,8 @@ class CancelFault(Fault):
                 return None
             self._picked.append(plan.request_id)
             mode = p.mode
+            if mode == "at_state":
+                return Cancel(at_state=p.state)
             if mode == "random":
                 if plan.stream and ctx.rng.random() < 0.5:
                     return Cancel(after_first_token=True)
@@ -136,7 +186,8 @@ class CancelFault(Fault):
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         """Bit when the history holds at least one request aborted on purpose that was invoked
-        while the window was open."""
+        while the window was open; with mode at_state, one whose abort the engine says landed in
+        ``state``."""
         if ctx.history is None or self._opened_at is None:
             return {"bit": False, "aborted": 0, "reason": "no history to read"}
         end = self._closed_at if self._closed_at is not None else ctx.history.now()
@@ -144,6 +195,25 @@ class CancelFault(Fault):
         out: dict[str, Any] = {"bit": bool(ids), "aborted": len(ids), "picked": len(self._picked),
                                "requests_seen": self._seen, "window_s": [self._opened_at, end],
                                "aborted_ids": ids[:50]}
+        if self.params.mode == "at_state":
+            state = self.params.state
+            seen = landings(ctx.history.ops, [r for r in self._picked])
+            hit = seen["landed"].get(state, 0)
+            out.update({"state": state, "landed": seen["landed"], "landed_in_state": hit,
+                        "never_reached": len(seen["never_reached"]), "unlanded": len(seen["unlanded"]),
+                        "bit": hit > 0})
+            if hit == 0:
+                if not self._picked:
+                    out["reason"] = ("no request started while the window was open" if not self._seen
+                                     else f"no request was picked (probability {self.params.probability:g})")
+                elif seen["landed"]:
+                    out["reason"] = (f"no abort landed in state {state}: they landed in "
+                                     + ", ".join(f"{k} ({v})" for k, v in sorted(seen["landed"].items())))
+                else:
+                    out["reason"] = (f"no picked request reached state {state} "
+                                     f"({len(seen['never_reached'])} never entered it, "
+                                     f"{len(seen['unlanded'])} ended before the abort arrived)")
+            return out
         if not ids:
             out["reason"] = ("no request started while the window was open" if not self._seen
                              else f"no request was picked (probability {self.params.probability:g})"

@@ -9,7 +9,7 @@ from chaos.checks.result import CheckResult, Verdict, combine
 from chaos.checks.snapshots import ServiceExit
 from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, Durations,
                                 FaultSummary, PhaseSpan, RunResult, XfailInfo)
-from chaos.stats import compute_stats
+from chaos.stats import compute_stats, output_matches_from_checks
 
 
 def exit_code(verdict: Verdict, xfail: XfailInfo | None = None, error: str | None = None) -> int:
@@ -63,7 +63,7 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
                  deadline_s: float | None = 60.0, xfail: XfailInfo | dict | Any | None = None,
                  durations: Durations | dict | None = None,
                  service_exits: Iterable[ServiceExit | dict] = (), engine_bugs: Iterable[str] = (),
-                 error: str | None = None) -> RunResult:
+                 error: str | None = None, chunk_size: int = 256) -> RunResult:
     """Build result.json's model for one run.
 
     Args:
@@ -74,6 +74,7 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
         xfail: the scenario's xfail block (model or dict with reason/evidence/upstream) or None.
         durations: per-stage wall-clock seconds; service_exits: from the snapshots.
         error: infrastructure error text; forces verdict "unknown" and exit code 3.
+        chunk_size: LMCache chunk size in tokens, for the hit statistics.
     Returns:
         RunResult with verdict = combine(checks), stats, faults, phases and exit_code.
     """
@@ -90,7 +91,8 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
         run_id=run_id, scenario=scenario, description=description, scenario_path=scenario_path,
         stack=stack, seed=seed, started_at=started_at, verdict=verdict,
         exit_code=exit_code(verdict, xf, error), checks=list(checks),
-        stats=compute_stats(ops, deadline_s), faults=faults_from_history(ops),
+        stats=compute_stats(ops, deadline_s, chunk_size=chunk_size,
+                            matches=output_matches_from_checks(checks, ops)), faults=faults_from_history(ops),
         phases=phases_from_history(ops),
         service_exits=[e if isinstance(e, ServiceExit) else ServiceExit.model_validate(e) for e in service_exits],
         durations=durations or Durations(), xfail=xf, engine_bugs=list(engine_bugs), error=error)

@@ -6,9 +6,10 @@ these models are only what the user may configure.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.scenario.duration import PositiveDuration
+from chaos.workload.classify import REQUEST_CLASSES
 
 __all__ = [
     "RecomputeEquivalenceConfig",
@@ -18,6 +19,10 @@ __all__ = [
     "EvidenceConfig",
     "IsolationConfig",
     "HitRecoveryConfig",
+    "HitQualityConfig",
+    "PercentileBounds",
+    "HitSpeedupConfig",
+    "SloConfig",
     "ChecksConfig",
 ]
 
@@ -85,6 +90,132 @@ class HitRecoveryConfig(_Strict):
         description="fraction 0..1 of those completed requests that must get tokens from LMCache")
 
 
+class HitQualityConfig(_Strict):
+    """How much LMCache served, per phase: minimum token and request hit rates, full hits of
+    re-sent stored prefixes, and the share of hits whose output equals recompute (definitions:
+    chaos/checks/hits.py)."""
+
+    phases: list[str] = Field(min_length=1, description="phases whose completed requests are measured, "
+                              "each phase on its own")
+    min_token_hit_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="minimum LMCache token hit rate 0..1: tokens served from LMCache / prompt tokens looked up "
+        "(the engine's own prefix cache is not counted)")
+    min_request_hit_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="minimum any-hit request rate 0..1: requests with >= 1 token from LMCache / requests looked up")
+    min_full_hit_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="minimum full-hit request rate 0..1: requests served all but the last prompt token "
+        "(class lmcache_hit_full) / requests looked up")
+    stored_prefix_full_hit: bool = Field(
+        default=False,
+        description="every request that re-sends a prefix stored earlier (the full chunks of an earlier "
+        "completed prompt of the same tenant) recomputes none of it")
+    stored_phases: list[str] | None = Field(
+        default=None, description="phases whose prompts count as stored (default: every phase)")
+    min_correct_hit_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="minimum share 0..1 of LMCache hits whose output equals recompute (needs "
+        "recompute_equivalence); default: reported, not bounded")
+    min_requests: int = Field(
+        default=4, ge=1,
+        description="a phase with fewer completed requests looked up in LMCache is inconclusive (unknown)")
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> HitQualityConfig:
+        if not (self.stored_prefix_full_hit or any(v is not None for v in (
+                self.min_token_hit_rate, self.min_request_hit_rate, self.min_full_hit_rate,
+                self.min_correct_hit_rate))):
+            raise ValueError("set at least one of min_token_hit_rate, min_request_hit_rate, min_full_hit_rate, "
+                             "min_correct_hit_rate, stored_prefix_full_hit: a check with no bound cannot fail")
+        return self
+
+    def phase_refs(self) -> list[str]:
+        """Phase names this check refers to (validated against the scenario's phases)."""
+        return [*self.phases, *(self.stored_phases or [])]
+
+
+#: Request classes an SLO bound may name, plus ``any`` (every completed request).
+SLO_CLASSES = ("any", *REQUEST_CLASSES)
+
+
+class PercentileBounds(_Strict):
+    """Upper bounds of nearest-rank percentiles, in seconds (number or 500ms, 2s)."""
+
+    p50: PositiveDuration | None = Field(default=None, description="bound of the median, seconds")
+    p90: PositiveDuration | None = Field(default=None, description="bound of the 90th percentile, seconds")
+    p99: PositiveDuration | None = Field(default=None, description="bound of the 99th percentile, seconds")
+    max: PositiveDuration | None = Field(default=None, description="bound of the slowest sample, seconds")
+
+    def items(self) -> list[tuple[str, float]]:
+        """(percentile name, bound s) of the bounds that are set."""
+        return [(k, v) for k in ("p50", "p90", "p99", "max") if (v := getattr(self, k)) is not None]
+
+
+class HitSpeedupConfig(_Strict):
+    """LMCache hits must be faster to first token than cold requests of the same prompt length."""
+
+    min_ratio: float = Field(
+        default=1.0, gt=0.0,
+        description="median cold TTFT / median hit TTFT at the same prompt length must reach this (1: any "
+        "speedup; a hit no faster than recompute fails)")
+    min_hit_share: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="only hits that served at least this share 0..1 of the prompt from LMCache are compared")
+    min_samples: int = Field(
+        default=3, ge=1, description="streamed samples needed on each side (cold, hit) of a prompt length")
+    baseline_phases: list[str] | None = Field(
+        default=None, description="phases whose cold misses are the baseline (default: every phase); cold "
+        "requests that overlapped a fault are never used")
+
+    def phase_refs(self) -> list[str]:
+        """Phase names this setting refers to."""
+        return list(self.baseline_phases or [])
+
+
+class SloConfig(_Strict):
+    """Service-level bounds per request class: TTFT and latency percentiles, lookup timeouts per
+    request, and hit TTFT against cold TTFT (a hit that brings no speedup is flagged)."""
+
+    phases: list[str] | None = Field(default=None, description="phases whose requests are measured "
+                                     "(default: every phase)")
+    ttft: dict[str, PercentileBounds] = Field(
+        default_factory=dict,
+        description="request class (or any) -> TTFT percentile bounds; TTFT is measured on streamed requests "
+        "only (workload.stream), from sending to the first token event")
+    latency: dict[str, PercentileBounds] = Field(
+        default_factory=dict, description="request class (or any) -> end-to-end latency percentile bounds")
+    min_samples: int = Field(
+        default=5, ge=1, description="samples a class needs for its percentile bounds; fewer: unknown")
+    max_lookup_timeout_rate: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="bound 0..1 on completed requests whose LMCache lookup timed out (lookup: timeout; one "
+        "per request) / completed requests looked up")
+    hit_speedup: HitSpeedupConfig | None = Field(
+        default=None, description="hits must bring a TTFT speedup over cold requests of the same length")
+
+    @field_validator("ttft", "latency")
+    @classmethod
+    def _known_classes(cls, v: dict[str, PercentileBounds]) -> dict[str, PercentileBounds]:
+        unknown = [k for k in v if k not in SLO_CLASSES]
+        if unknown:
+            raise ValueError(f"unknown request class(es) {unknown}; expected any of {', '.join(SLO_CLASSES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> SloConfig:
+        if not (any(b.items() for b in (*self.ttft.values(), *self.latency.values()))
+                or self.max_lookup_timeout_rate is not None or self.hit_speedup is not None):
+            raise ValueError("set at least one bound (ttft, latency, max_lookup_timeout_rate, hit_speedup): "
+                             "a check with no bound cannot fail")
+        return self
+
+    def phase_refs(self) -> list[str]:
+        """Phase names this check refers to."""
+        return [*(self.phases or []), *(self.hit_speedup.phase_refs() if self.hit_speedup else [])]
+
+
 class ChecksConfig(_Strict):
     """Which checks run (a key present = the check runs) and their settings."""
 
@@ -97,6 +228,10 @@ class ChecksConfig(_Strict):
     isolation: IsolationConfig | None = Field(default=None, description="no cross-tenant KV reuse")
     hit_recovery: HitRecoveryConfig | None = Field(
         default=None, description="LMCache hits come back after the faults heal")
+    hit_quality: HitQualityConfig | None = Field(
+        default=None, description="per-phase token/request hit rates, full hits of stored prefixes, correct-hit rate")
+    slo: SloConfig | None = Field(
+        default=None, description="TTFT/latency percentiles per request class, lookup timeouts, hit speedup")
 
     @model_validator(mode="before")
     @classmethod

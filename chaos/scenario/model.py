@@ -165,6 +165,13 @@ class Scenario(_Strict):
             if unknown:
                 raise ValueError(f"checks.hit_recovery.phases names unknown phase(s) {unknown}; "
                                  f"the scenario has {names}")
+        for check in ("hit_quality", "slo"):
+            cfg = getattr(self.checks, check)
+            if cfg is not None:
+                names = [p.name for p in self.phases]
+                unknown = [n for n in cfg.phase_refs() if n not in names]
+                if unknown:
+                    raise ValueError(f"checks.{check} names unknown phase(s) {unknown}; the scenario has {names}")
         return self
 
     @field_validator("variables")

@@ -56,10 +56,21 @@ class Cancel:
     ``after_first_token``: abort as soon as the first token arrives (streamed requests; a
     non-streamed request has no first token, so ``after_ms`` must be set for it).
     ``after_ms``: abort this many milliseconds after sending, if not done by then.
+    ``at_state``: abort once the engine says the request entered this stage (``lookup``,
+    ``load``, ``prefill``, ``decode``; the reference engine's ``GET /debug/requests/{id}
+    ?wait_for=STAGE``), then read back the stage the abort landed in. On an engine without that
+    endpoint the request is not aborted and the outcome says why.
     """
 
     after_first_token: bool = False
     after_ms: float | None = None
+    at_state: str | None = None
+
+
+#: How long to wait for an engine's stage watch to answer its first line, and for the engine to
+#: record where an abort landed (its HTTP layer notices a closed connection within ~0.1 s).
+STATE_WATCH_START_S = 5.0
+ABORT_LANDING_S = 3.0
 
 
 class CompletionOutcome(BaseModel):
@@ -80,6 +91,9 @@ class CompletionOutcome(BaseModel):
     error: str | None = None
     aborted: bool = False
     prompt_len: int = 0
+    #: For a cancel aimed at a stage: ``{"at_state", "reached", "entered", "landed_in",
+    #: "handled_in", "reason"}`` (landed_in: the engine's stage when the abort reached it).
+    cancel: dict[str, Any] | None = None
 
 
 class _Abort(Exception):
@@ -190,6 +204,17 @@ class CompletionClient:
         )
         t0 = time.monotonic()
         state = _Progress(t0)
+        if cancel is not None and cancel.at_state is not None:
+            try:
+                outcome = await self._complete_at_state(req, state, cancel.at_state, deadline_s)
+            except asyncio.CancelledError:
+                outcome = state.outcome("info", aborted=True, error="cancelled by the runner")
+                outcome.prompt_len = len(req.prompt_token_ids)
+                self._record("info", req, process, phase, outcome.model_dump())
+                raise
+            outcome.prompt_len = len(req.prompt_token_ids)
+            self._record(outcome.type, req, process, phase, outcome.model_dump())
+            return outcome
         limits = [x for x in (deadline_s, (cancel.after_ms / 1000.0) if cancel and cancel.after_ms is not None else None) if x is not None]
         wait_s = min(limits) if limits else None
         by_cancel = cancel is not None and cancel.after_ms is not None and (
@@ -222,6 +247,109 @@ class CompletionClient:
         outcome.prompt_len = len(req.prompt_token_ids)
         self._record(outcome.type, req, process, phase, outcome.model_dump())
         return outcome
+
+    async def _guarded_send(self, req: CompletionRequest, state: _Progress) -> CompletionOutcome:
+        """``_send`` with the error mapping of :meth:`complete` (for the stage-aimed path)."""
+        try:
+            return await self._send(req, state, None)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return state.outcome("fail", error=f"connect: {exc!r}")
+        except httpx.HTTPError as exc:
+            return state.outcome("info", error=f"{type(exc).__name__}: {exc}")
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            return state.outcome("info", error=f"bad response: {type(exc).__name__}: {exc}")
+
+    async def _complete_at_state(self, req: CompletionRequest, state: _Progress, stage: str,
+                                 deadline_s: float | None) -> CompletionOutcome:
+        """Send ``req`` and abort it once the engine reports it entered ``stage``.
+
+        The watch (``GET /debug/requests/{id}?wait_for=stage``) is registered before the request
+        is sent (its first line says so), so a stage of a few milliseconds is not missed. After
+        the abort the engine is asked where it landed.
+        """
+        url = f"{self.base_url}/debug/requests/{req.request_id}"
+        info: dict[str, Any] = {"at_state": stage, "reached": False}
+        limit = deadline_s if deadline_s is not None else 3600.0
+        watch = self._client.stream("GET", url, params={"wait_for": stage, "timeout_s": limit},
+                                    timeout=httpx.Timeout(None, connect=STATE_WATCH_START_S))
+        resp = None
+        lines = None
+        try:
+            resp = await asyncio.wait_for(watch.__aenter__(), STATE_WATCH_START_S)
+            if resp.status_code != 200:
+                raise ValueError(f"HTTP {resp.status_code}")
+            lines = resp.aiter_lines()
+            first = json.loads(await asyncio.wait_for(lines.__anext__(), STATE_WATCH_START_S))
+            if first.get("watching") != stage:
+                raise ValueError(f"unexpected answer {first!r}")
+        except (httpx.HTTPError, ValueError, KeyError, StopAsyncIteration, asyncio.TimeoutError) as exc:
+            info["reason"] = (f"the engine offers no stage watch at {self.base_url}/debug/requests/{{id}} "
+                              f"({type(exc).__name__}: {exc}); the request was not aborted")
+            if resp is not None:
+                await watch.__aexit__(None, None, None)
+            out = await self._bounded(self._guarded_send(req, state), state, deadline_s)
+            out.cancel = info
+            return out
+        send = asyncio.create_task(self._guarded_send(req, state))
+        seen = asyncio.create_task(lines.__anext__())
+        try:
+            done, _ = await asyncio.wait({send, seen}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            if seen in done and not seen.exception():
+                result = json.loads(seen.result())
+                info["entered"] = result.get("entered")
+                if result.get("reached"):
+                    info["reached"] = True
+                    send.cancel()
+                    await asyncio.gather(send, return_exceptions=True)
+                    out = state.outcome("info", aborted=True, error=f"aborted by client in stage {stage}")
+                    info.update(await self._abort_landing(url))
+                    out.cancel = info
+                    return out
+            if send not in done:
+                done, _ = await asyncio.wait({send}, timeout=max(0.0, limit - (time.monotonic() - state.t0)))
+            if send not in done:
+                send.cancel()
+                await asyncio.gather(send, return_exceptions=True)
+                out = state.outcome("info", error="deadline exceeded")
+            else:
+                out = send.result()
+            info.setdefault("reason", f"the request never entered stage {stage} "
+                            f"(last stage seen: {info.get('entered') or 'none'})")
+            out.cancel = info
+            return out
+        finally:
+            for t in (send, seen):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(send, seen, return_exceptions=True)
+            await watch.__aexit__(None, None, None)
+
+    async def _bounded(self, coro: Any, state: _Progress, deadline_s: float | None) -> CompletionOutcome:
+        if deadline_s is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, deadline_s)
+        except asyncio.TimeoutError:
+            return state.outcome("info", error="deadline exceeded")
+
+    async def _abort_landing(self, url: str) -> dict[str, Any]:
+        """Where the engine says our abort landed: ``{"landed_in", "handled_in"}`` (None when it
+        never recorded one within ABORT_LANDING_S: the request ended first)."""
+        end = time.monotonic() + ABORT_LANDING_S
+        while True:
+            try:
+                r = await self._client.get(url, timeout=2.0)
+                view = r.json() if r.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                view = {}
+            abort = view.get("abort") or {}
+            if abort.get("arrived_in") is not None or view.get("stage") == "finished" or time.monotonic() >= end:
+                landed = {"landed_in": abort.get("arrived_in"), "handled_in": abort.get("handled_in")}
+                if landed["landed_in"] is None:
+                    landed["reason"] = (f"the engine recorded no abort (stage {view.get('stage')!r}): "
+                                        "the request ended before the abort reached it")
+                return landed
+            await asyncio.sleep(0.05)
 
     async def _send(self, req: CompletionRequest, state: _Progress, cancel: Cancel | None) -> CompletionOutcome:
         url = f"{self.base_url}/v1/completions"

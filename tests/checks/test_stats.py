@@ -1,6 +1,7 @@
 import pytest
 
-from chaos.stats import DEFINITIONS, compute_stats, percentile
+from chaos.checks.result import CheckResult
+from chaos.stats import DEFINITIONS, compute_stats, output_matches_from_checks, percentile
 
 P = list(range(100))
 
@@ -13,10 +14,34 @@ def test_token_and_request_hit_rate_definitions(hb):
     st = compute_stats(hb.ops)
     assert st.completed == 3 and st.failed == 1 and st.requests == 4
     assert st.prompt_tokens == 300
-    assert st.token_hit_rate == pytest.approx(100 / 300)
-    assert st.request_hit_rate == pytest.approx(2 / 3)
+    # LMCache tokens only: the engine's own prefix cache is never added in
+    assert st.token_hit_rate == pytest.approx(70 / 300)
+    assert st.local_token_hit_rate == pytest.approx(30 / 300)
+    assert st.request_hit_rate == pytest.approx(2 / 3)   # any-hit from LMCache
+    assert st.full_hit_rate == 0.0
     assert (st.local_hit_tokens, st.external_hit_tokens) == (30, 70)
+    assert st.correct_hit_rate is None                  # no recompute expectations: not measured
     assert set(DEFINITIONS) <= set(st.definitions)
+    assert "never added in" in st.definitions["token_hit_rate"]
+
+
+def test_full_hits_correct_hits_and_phases(hb):
+    hb.request("w-1", P, [1], phase="warm")                                 # cold
+    hb.request("r-1", P, [1], external=99, phase="recover", t0=2, t1=3)    # full hit, right
+    hb.request("r-2", P, [2], external=64, phase="recover", t0=2, t1=3)    # partial hit, wrong
+    hb.request("r-3", P, [1], local=64, lookup="disabled", phase="recover", t0=2, t1=3)  # no lookup
+    checks = [CheckResult(name="recompute_equivalence", verdict="failed", summary="",
+                          details={"mismatches": [{"request_id": "r-2"}], "no_expectation": ["r-3"]})]
+    matches = output_matches_from_checks(checks, hb.ops)
+    assert matches == {"w-1": True, "r-1": True, "r-2": False}
+    st = compute_stats(hb.ops, matches=matches)
+    assert st.full_hit_rate == pytest.approx(1 / 3)      # looked-up requests: w-1, r-1, r-2
+    assert st.request_hit_rate == pytest.approx(2 / 3)
+    assert (st.hits_checked, st.correct_hits, st.correct_hit_rate) == (2, 1, 0.5)
+    rec = st.by_phase["recover"]
+    assert rec.completed == 3 and rec.request_hit_rate == 1.0 and rec.correct_hit_rate == 0.5
+    assert st.by_phase["warm"].request_hit_rate == 0.0
+    assert output_matches_from_checks([], hb.ops) is None
 
 
 def test_classes_counted(hb):

@@ -155,3 +155,41 @@ def test_non_stream_client_disconnect_aborts(twin: Engine) -> None:
     assert "gone" not in state["requests"]
     assert twin.metric("kvchaos_engine_aborts_total") == aborts + 1
     assert state["blocks_held_by_requests"] == 0
+
+
+def test_request_stages_and_where_an_abort_landed(twin: Engine) -> None:
+    """/debug/requests/{id}: a watch registered before the request is sent sees it enter decode;
+    the stage an abort arrived in is kept after the request ended; unknown ids are 404."""
+    import httpx
+
+    assert twin.client.get("/debug/requests/nobody").status_code == 404
+    assert twin.client.get("/debug/requests/x", params={"wait_for": "nowhere"}).status_code == 400
+    body = {"prompt": random_prompt("http:stages", 300), "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=twin.base, timeout=60) as http:
+        with http.stream("GET", "/debug/requests/st-1", params={"wait_for": "decode", "timeout_s": 60}) as watch:
+            lines = watch.iter_lines()
+            first = json.loads(next(lines))
+            assert first == {"request_id": "st-1", "watching": "decode", "stage": None}
+            with http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "st-1"}) as resp:
+                second = json.loads(next(lines))
+                assert second["reached"] is True and second["entered"] == "decode"
+                next(resp.iter_lines())  # a token arrived; now close the stream: an abort in decode
+    deadline = time.monotonic() + 5
+    view = {}
+    while time.monotonic() < deadline:
+        view = twin.client.get("/debug/requests/st-1").json()
+        if view["stage"] == "aborted":
+            break
+        time.sleep(0.05)
+    assert view["stage"] == "aborted" and view["abort"] == {"arrived_in": "decode", "handled_in": "decode"}
+    # a watch for a stage an ended request never entered (no connector: no load) answers at once
+    twin.client.post("/v1/completions", json={"prompt": random_prompt("http:stages2", 20), "max_tokens": 2},
+                     headers={"X-Request-Id": "st-2"}).raise_for_status()
+    t0 = time.monotonic()
+    got = twin.client.get("/debug/requests/st-2", params={"wait_for": "load", "timeout_s": 30})
+    last = json.loads(got.text.strip().splitlines()[-1])
+    assert last["reached"] is False and last["entered"] == "finished" and time.monotonic() - t0 < 5
+    # an id never sent: waited for until timeout_s
+    got = twin.client.get("/debug/requests/none-yet", params={"wait_for": "load", "timeout_s": 0.2})
+    last = json.loads(got.text.strip().splitlines()[-1])
+    assert last["reached"] is False and last["stage"] is None

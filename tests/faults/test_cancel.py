@@ -184,3 +184,49 @@ def test_picked_requests_that_finish_first_did_not_bite(engine_url):
     assert all(o.type == "ok" for o in outcomes(ops, "p"))
     ev = healed["evidence"]
     assert ev["bit"] is False and ev["picked"] == 8 and "finished first" in ev["reason"]
+
+
+def _at_state_evidence(landings: list[dict | None]):
+    """The at_state fault's evidence after requests whose cancel went as ``landings`` say
+    (a dict: the ``cancel`` value the client recorded; None: the request ended normally)."""
+    sc = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "workload": {"requests": len(landings), "stream": True},
+         "phases": [{"name": "p", "faults": [{"kind": "cancel", "mode": "at_state", "state": "load",
+                                              "storm": True, "until": "end"}]}],
+         "checks": {"evidence": {}}}, context={"check_paths": False})
+    flt = build_fault(sc.phases[0].faults[0])
+    history = HistoryWriter(None)
+    ctx = FaultContext(history=history)
+    flt.apply(ctx)
+    for conv, cancel in zip(plan_phase(sc.workload, 0, "p"), landings):
+        plan = conv.turns[0]
+        assert flt.cancel_for(plan, ctx) == Cancel(at_state="load")
+        history.append("client-0", "invoke", "complete", phase="p", request_id=plan.request_id, value={})
+        aborted = bool(cancel and cancel.get("reached"))
+        history.append("client-0", "info" if aborted else "ok", "complete", phase="p", request_id=plan.request_id,
+                       value={"aborted": aborted, "cancel": {"at_state": "load", **(cancel or {"reached": False})}})
+    flt.heal(ctx)
+    return flt.evidence(ctx)
+
+
+def test_at_state_counts_only_aborts_that_landed_in_the_state():
+    ev = _at_state_evidence([{"reached": True, "landed_in": "load"}, {"reached": True, "landed_in": "prefill"},
+                             None])
+    assert ev["bit"] is True and ev["landed"] == {"load": 1, "prefill": 1} and ev["never_reached"] == 1
+
+
+def test_at_state_that_landed_elsewhere_or_was_never_reached_did_not_bite():
+    ev = _at_state_evidence([{"reached": True, "landed_in": "prefill"}, {"reached": True, "landed_in": "decode"}])
+    assert ev["bit"] is False and ev["reason"] == "no abort landed in state load: they landed in decode (1), prefill (1)"
+    ev = _at_state_evidence([None, None, {"reached": True, "landed_in": None}])
+    assert ev["bit"] is False
+    assert ev["reason"] == "no picked request reached state load (2 never entered it, 1 ended before the abort arrived)"
+
+
+def test_at_state_needs_a_state():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="mode at_state needs `state`"):
+        Scenario.model_validate({"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [
+            {"kind": "cancel", "mode": "at_state", "until": "end"}]}], "checks": {"evidence": {}}},
+            context={"check_paths": False})

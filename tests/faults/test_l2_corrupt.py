@@ -83,7 +83,9 @@ def test_truncate_a_seeded_fraction_of_the_files(fs_stack):
     assert all(after[object_name(i)] == payload(i)[: CHUNK // 2] for i in range(10) if object_name(i) in cut)
     assert after["notes.txt"] == b"not an LMCache object" and len(after[object_name(99)[:-5] + ".tmp"]) == 16
     ev = f.evidence(ctx)
-    assert ev["bit"] is True and ev["corrupted"] == 5 and ev["by_target"] == {"fs": 5, "redis": 0}
+    assert ev["corrupted"] == 5 and ev["by_target"] == {"fs": 5, "redis": 0}
+    # read only after the heal: nothing was read while the fault was active
+    assert ev["bit"] is False and ev["reads_of_corrupted"] == 0 and "none read" in ev["reason"]
     assert sorted(o["name"] for o in ev["objects"]) == cut
     assert ev["lmcache_load_failures"] is None  # no lmcache_http in this stack
     # the same seed picks the same files
@@ -92,6 +94,90 @@ def test_truncate_a_seeded_fraction_of_the_files(fs_stack):
         (Path(fs_stack.settings.l2_fs_path) / object_name(i)).write_bytes(payload(i))
     again.apply(FaultContext(stack=fs_stack, rng=random.Random(7)))
     assert sorted(o["name"] for o in again.evidence(ctx)["objects"]) == cut
+
+
+def test_reads_of_corrupted_files_while_active_make_it_bite(fs_stack):
+    """Reads are counted per corrupted object, while the fault is active: an uncorrupted file
+    read, or a corrupted one read after the heal, does not count."""
+    l2 = Path(fs_stack.settings.l2_fs_path)
+    f = fault("l2_corrupt", mode="bitflip", bits=8, target="fs", fraction=0.5)
+    ctx = FaultContext(stack=fs_stack, rng=random.Random(7))
+    f.apply(ctx)
+    hit = sorted(o["name"] for o in f._done["fs"])
+    spared = sorted(n for i in range(10) if (n := object_name(i)) not in hit)
+    time.sleep(0.02)  # a later clock tick than the corruption
+    (l2 / spared[0]).read_bytes()
+    (l2 / hit[0]).read_bytes()
+    (l2 / hit[1]).read_bytes()
+    (l2 / hit[1]).read_bytes()
+    f.heal(ctx)
+    (l2 / hit[2]).read_bytes()  # after the heal: not counted
+    ev = f.evidence(ctx)
+    assert ev["bit"] is True and ev["reads_of_corrupted"] == 2 and ev["reads"]["fs"] == 2, ev
+    assert ev["must_be_read"] is True and "reason" not in ev
+
+
+def test_delete_need_not_be_read_unless_asked(fs_stack):
+    ctx = FaultContext(stack=fs_stack)
+    gone = fault("l2_corrupt", mode="delete", target="fs", key_selector=object_name(1))
+    gone.apply(ctx)
+    gone.heal(ctx)
+    assert gone.evidence(ctx)["bit"] is True  # removal is the point of a delete by default
+    strict = fault("l2_corrupt", mode="delete", target="fs", key_selector=object_name(2), must_be_read=True)
+    strict.apply(ctx)
+    strict.heal(ctx)
+    ev = strict.evidence(ctx)
+    assert ev["bit"] is False and "could not be observed" in ev["reason"]  # no reads of a deleted file
+
+
+def test_fraction_is_the_same_share_on_every_pass(fs_stack):
+    """With repeat_every, each pass takes the fraction of the objects new to it: the share
+    corrupted stays at `fraction` instead of compounding over the passes."""
+    l2 = Path(fs_stack.settings.l2_fs_path)
+    f = fault("l2_corrupt", mode="truncate", target="fs", fraction=0.5, must_be_read=False)
+    ctx = FaultContext(stack=fs_stack, rng=random.Random(3))
+    assert f.apply(ctx)["corrupted"] == 5
+    for _ in range(4):  # four more passes over the same ten objects plus two new ones each
+        for i in range(2):
+            (l2 / object_name(100 + f._passes * 2 + i)).write_bytes(payload(i))
+        f._pass(ctx)
+    f.heal(ctx)
+    assert f._passes == 5 and f._considered == 18
+    assert sum(len(v) for v in f._done.values()) == 9  # round(0.5 * 18), not 1 - 0.5**5 of the first ten
+    first_ten = {object_name(i) for i in range(10)}
+    assert sum(o["name"] in first_ten for o in f._done["fs"]) == 5
+
+
+def test_bitflip_bits_within_a_byte_range(fs_stack):
+    f = fault("l2_corrupt", mode="bitflip", target="fs", bits=64, byte_range=[1024, 2048],
+              key_selector=object_name(5), must_be_read=False)
+    ctx = FaultContext(stack=fs_stack, rng=random.Random(2))
+    f.apply(ctx)
+    f.heal(ctx)
+    got, want = fs_objects(fs_stack)[object_name(5)], payload(5)
+    flipped = [(i, b) for i, (x, y) in enumerate(zip(got, want)) for b in range(8) if (x ^ y) >> b & 1]
+    assert len(got) == len(want) and len(flipped) == 64
+    assert all(1024 <= i < 2048 for i, _ in flipped)
+    (o,) = f.evidence(ctx)["objects"]
+    assert o["bits_flipped"] == 64 and o["flips"] == [list(x) for x in flipped[:8]]
+    # a range past the end of an object leaves it alone
+    past = fault("l2_corrupt", mode="bitflip", target="fs", byte_range=[CHUNK, CHUNK + 10],
+                 key_selector=object_name(6), must_be_read=False)
+    past.apply(ctx)
+    past.heal(ctx)
+    assert fs_objects(fs_stack)[object_name(6)] == payload(6) and past.evidence(ctx)["bit"] is False
+
+
+def test_bits_and_byte_range_are_for_bitflip_only():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="bitflip only"):
+        fault("l2_corrupt", mode="truncate", bits=4)
+    # a dump of the params (what the journal keeps) loads again
+    f = fault("l2_corrupt", mode="truncate")
+    assert type(f.params).model_validate(f.params.model_dump(mode="json")) == f.params
+    with pytest.raises(ValidationError, match="start < end"):
+        fault("l2_corrupt", mode="bitflip", byte_range=[10, 10])
 
 
 def test_delete_by_key_selector(fs_stack):
@@ -113,7 +199,7 @@ def test_bitflip_changes_exactly_one_bit(fs_stack):
     assert len(got) == len(want)
     diff = [(i, a ^ b) for i, (a, b) in enumerate(zip(got, want)) if a != b]
     (o,) = f.evidence(ctx)["objects"]
-    assert diff == [(o["offset"], 1 << o["bit"])]
+    assert diff == [(o["offset"], 1 << o["bit"])] and o["bits_flipped"] == 1
 
 
 def test_repeat_every_hits_objects_stored_during_the_fault(fs_stack):
@@ -191,6 +277,31 @@ def test_redis_values_truncated_flipped_deleted(tmp_path):
         assert ev["bit"] is True and ev["by_target"]["redis"] == 3
         assert sum(r.exists(redis_key(i)) for i in range(6)) == 3
         assert r.get("unrelated") == b"keep me"  # not an LMCache key
+
+        # Reads: GETs of corrupted keys by another client while the fault is active count (once
+        # per key for reads_of_corrupted, every GET in redis_gets); the fault's own GETs, GETs of
+        # spared keys and GETs after the heal do not. SLOWLOG settings come back at heal.
+        before = r.config_get("slowlog-*")
+        for i in range(6):
+            r.set(redis_key(i), payload(i), ex=600)
+        flips = fault("l2_corrupt", mode="bitflip", bits=16, target="redis", fraction=0.5)
+        flips.apply(ctx)
+        assert r.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"] == "0"
+        hit = sorted(o["name"] for o in flips._done["redis"])
+        spared = sorted(set(redis_key(i) for i in range(6)) - set(hit))
+        assert len(hit) == 3
+        r.get(hit[0]), r.get(hit[0]), r.get(hit[1]), r.get(spared[0]), r.exists(hit[2])
+        flips.heal(ctx)
+        r.get(hit[2])
+        ev = flips.evidence(ctx)
+        assert ev["bit"] is True and ev["reads"]["redis"] == 2 and ev["reads"]["redis_gets"] == 3, ev
+        assert ev["reads_of_corrupted"] == 2
+        assert r.config_get("slowlog-*") == before
+        quiet = fault("l2_corrupt", mode="truncate", target="redis", key_selector=spared[1])
+        quiet.apply(ctx)
+        quiet.heal(ctx)
+        ev = quiet.evidence(ctx)
+        assert ev["bit"] is False and ev["reads"]["redis"] == 0 and "none read" in ev["reason"]
         r.close()
     assert open_entries(st.journal.path) == []
 
@@ -225,3 +336,65 @@ def test_lmcache_counts_loads_of_truncated_objects_as_failures(tmp_path):
         ev = flt.evidence(ctx)
         assert ev["bit"] is True and ev["lmcache_load_failures"] == 2, ev
     assert open_entries(stack.journal.path) == []
+
+
+#: LMCACHE_FS_STACK with Redis (the ``resp`` adapter) as its only L2 instead of the filesystem.
+LMCACHE_REDIS_STACK = (
+    LMCACHE_FS_STACK
+    .replace("""'{"type": "fs", "base_path": "${KVCHAOS_RUN_DIR}/l2fs"}']""",
+             """'{"type": "resp", "host": "127.0.0.1", "port": ${REDIS_PORT:-0}, "num_workers": 2}']
+    depends_on: {redis: {condition: service_healthy}}""")
+    .replace("services:\n", "services:\n" + REDIS_STACK.split("services:\n")[1].split("x-kvchaos:")[0])
+    .replace("  l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs\n",
+             '  redis: {service: redis, url: "redis://127.0.0.1:${REDIS_PORT:-0}"}\n')
+)
+
+
+@needs_lmcache
+@needs_redis
+@pytest.mark.slow
+def test_reads_of_truncated_redis_objects_by_lmcache(tmp_path):
+    """Issue 12's case: objects truncated in Redis (LMCache's resp adapter logs "GET: size header
+    mismatch" when it reads them). Read while the fault is active: the GETs and LMCache's
+    load failures are counted and the fault bit. Healed before the reads (the shape of a
+    scenario that corrupts in a phase without requests): it did not bite, and says why, where
+    the old evidence said "bit" with 0 load failures."""
+    import subprocess
+
+    import httpx
+
+    lmcache = str(Path(sys.executable).with_name("lmcache"))
+    stack: LocalStack
+
+    def bench(seq: int) -> None:  # one 512-token request: 2 chunks stored, then looked up and retrieved
+        subprocess.run([lmcache, "bench", "server", "--rpc-url", f"tcp://127.0.0.1:{stack.env['LMCACHE_PORT']}",
+                        "--url", stack.settings.lmcache_http, "--mode", "cpu", "--num-tokens", "512",
+                        "--start", str(seq), "--end", str(seq + 1), "--kvcache-shape-spec",
+                        "(2,64,16,4,64):float32:4", "-q"], capture_output=True, timeout=120, check=False)
+
+    def clear_l1() -> None:
+        httpx.post(f"{stack.settings.lmcache_http}/cache/clear", timeout=10).raise_for_status()
+
+    for case in ("late", "active"):  # a fresh LMCache each (its index of Redis keys starts empty)
+        (tmp_path / case).mkdir()
+        stack = local_stack(tmp_path / case, LMCACHE_REDIS_STACK)
+        with stack:
+            ctx = FaultContext(stack=stack)
+            bench(0)
+            clear_l1()
+            flt = fault("l2_corrupt", mode="truncate", target="redis")
+            assert flt.apply(ctx)["corrupted"] == 2
+            if case == "late":
+                flt.heal(ctx)
+                failed_before = flt._load_failures()
+                bench(0)  # the reads come after the heal
+                ev = flt.evidence(ctx)
+                assert ev["bit"] is False and ev["reads_of_corrupted"] == 0, ev
+                assert ev["lmcache_load_failures"] == 0 and "none read while the fault was active" in ev["reason"]
+                assert flt._load_failures() - failed_before == 2  # LMCache did read them: too late to count
+            else:
+                bench(0)
+                flt.heal(ctx)
+                ev = flt.evidence(ctx)
+                assert ev["bit"] is True and ev["reads"]["redis"] == 2 and ev["lmcache_load_failures"] == 2, ev
+        assert open_entries(stack.journal.path) == []

@@ -1,5 +1,8 @@
+import json
 import re
 from html.parser import HTMLParser
+
+import pytest
 
 from chaos.report.html import render_html
 
@@ -63,3 +66,18 @@ def test_html_escapes_text(synthetic):
     ops, _, result = synthetic
     result = result.model_copy(update={"description": "<script>alert(1)</script>"})
     assert "<script>alert(1)" not in render_html(result, ops)
+
+
+def test_correct_hit_rate_is_shown_next_to_the_hit_rate(run_dir, synthetic):
+    """The planted wrong output is an LMCache hit: result.json and the stats table show the
+    correct-hit rate below 100% next to the hit rate."""
+    _, _, result = synthetic
+    st = result.stats
+    assert st.hits_checked > 0 and st.correct_hits == st.hits_checked - 1
+    assert st.correct_hit_rate == pytest.approx((st.hits_checked - 1) / st.hits_checked)
+    data = json.loads((run_dir / "result.json").read_text())["stats"]
+    assert data["correct_hit_rate"] == st.correct_hit_rate and "recover" in data["by_phase"]
+    html = (run_dir / "report.html").read_text()
+    row = html[html.index('<table id="stats">'):html.index('<table id="phase-hits"')]
+    assert "correct-hit rate" in row and f"({st.correct_hits} of {st.hits_checked})" in row
+    assert 'id="phase-hits"' in html

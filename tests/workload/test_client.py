@@ -141,6 +141,19 @@ def test_cancel_after_ms(tmp_path):
     assert 1 <= len(out.token_ids) < 6 and disconnected == ["p-0-slow"]
 
 
+def test_cancel_at_state_on_an_engine_without_request_states(tmp_path):
+    """An engine with no stage watch (vLLM's surface): the request is sent, not aborted, and the
+    outcome says why (the cancel fault's evidence then reads "never reached": inconclusive)."""
+    async def body(engine, client, history):
+        return await client.complete(_req("p-0", True), cancel=Cancel(at_state="load"), deadline_s=10)
+
+    out = run(body, tmp_path)
+    assert out.type == "ok" and not out.aborted and out.token_ids == output_for(PROMPT, 6)
+    assert out.cancel["reached"] is False and "offers no stage watch" in out.cancel["reason"]
+    op = load_history(tmp_path / "history.jsonl")[1]
+    assert op.value["cancel"]["at_state"] == "load"
+
+
 def test_runner_cancellation_records_info_and_propagates(tmp_path):
     async def body(engine, client, history):
         task = asyncio.create_task(client.complete(_req("p-0-hang", False)))
