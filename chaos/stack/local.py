@@ -28,6 +28,7 @@ import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from chaos.journal import Journal
+from chaos.proxy.real import MissingToxiproxy, asks_for_real, find_binary
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import service_environment
 from chaos.stack.probe import probe, probe_url_of
@@ -150,6 +151,11 @@ class LocalStack(Stack):
                 raise self.spec.service_error(
                     name, f"service {name!r}: program {argv[0]!r} not found on PATH "
                     "(install it, or run `kvchaos doctor`)", "command")
+            if asks_for_real(argv):
+                try:
+                    find_binary(self.env)
+                except MissingToxiproxy as exc:
+                    raise self.spec.service_error(name, f"service {name!r}: {exc}", "command") from None
             hc = svc.healthcheck
             probe_argv = hc.argv() if hc else None
             if probe_argv:

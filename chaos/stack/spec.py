@@ -215,13 +215,25 @@ class Service(BaseModel):
         return {d: c.condition for d, c in self.depends_on.items()}
 
 
+class LinkEffect(BaseModel):
+    """A counter of the system under test that grows when its link misbehaves (e.g. the
+    engine's lookup timeouts for the engine->LMCache link): a Prometheus sample name at a
+    ``/metrics`` URL. Network faults report its growth over their window as ``effects``."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    metric: str
+
+
 class Link(BaseModel):
     """A TCP link through the fault proxy: clients connect to ``listen``, the proxy forwards to
-    ``upstream`` (both ``host:port``)."""
+    ``upstream`` (both ``host:port``); ``effects``: counters of the system under test on its
+    path (:class:`LinkEffect`)."""
 
     model_config = ConfigDict(extra="forbid")
     listen: str
     upstream: str
+    effects: list[LinkEffect] = Field(default_factory=list)
 
     @field_validator("listen", "upstream")
     @classmethod
