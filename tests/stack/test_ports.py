@@ -113,39 +113,34 @@ def impostor():
     proc.wait()
 
 
-SLOW_WEB = textwrap.dedent("""
-    services:
-      web:
-        # Binds only after 3 s, as a model-loading engine does: the probe meets the impostor first.
-        command: [python, -c, "import time, http.server; time.sleep(3); http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port=${WEB_PORT}, bind='127.0.0.1')"]
-        healthcheck:
-          test: [CMD, kvchaos, probe, "http://127.0.0.1:${WEB_PORT}/"]
-          interval: 100ms
-          retries: 100
-""")
+def web_stack(command: str) -> str:
+    """A one-service stack file: ``command`` serving HTTP on ${WEB_PORT}, probed there."""
+    return textwrap.dedent(f"""
+        services:
+          web:
+            command: {command}
+            healthcheck:
+              test: [CMD, kvchaos, probe, "http://127.0.0.1:${{WEB_PORT}}/"]
+              interval: 100ms
+              retries: 100
+    """)
+
+
+# Binds only after 30 s, as a model-loading engine does: the probe meets the impostor first.
+SLOW_WEB = web_stack('[python, -c, "import time, http.server; time.sleep(30); http.server.test('
+                     'HandlerClass=http.server.SimpleHTTPRequestHandler, port=${WEB_PORT}, bind=\'127.0.0.1\')"]')
+FAST_WEB = web_stack('[python, -m, http.server, "${WEB_PORT}", --bind, 127.0.0.1]')
 
 
 def test_a_probe_never_accepts_a_process_the_stack_did_not_start(tmp_path, impostor):
     port, pid = impostor
     stack = local_stack(tmp_path, SLOW_WEB, WEB_PORT=str(port))
-    t0 = time.monotonic()
     with pytest.raises(StackError) as err:
         stack.up()
     msg = str(err.value)
     assert "service 'web'" in msg and f"pid {pid}" in msg and f"port {port} (WEB_PORT)" in msg, msg
-    assert time.monotonic() - t0 < 3, "the impostor is refused at once, not after the deadline"
+    assert "was answered by" in msg, msg  # refused at the first probe, not after the deadline
     assert not any(p.group_alive() for p in stack._procs.values())
-
-
-FAST_WEB = textwrap.dedent("""
-    services:
-      web:
-        command: [python, -m, http.server, "${WEB_PORT}", --bind, 127.0.0.1]
-        healthcheck:
-          test: [CMD, kvchaos, probe, "http://127.0.0.1:${WEB_PORT}/"]
-          interval: 100ms
-          retries: 100
-""")
 
 
 def test_a_lost_bind_names_the_service_the_port_and_the_other_process(tmp_path, impostor):
