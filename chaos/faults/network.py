@@ -28,6 +28,7 @@ window and reported as ``effects``; they corroborate, but never make a fault bit
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from typing import Any, ClassVar, Literal
 
@@ -152,6 +153,9 @@ class LinkWindow:
         self.effects_before: dict[str, float | None] = {}
         self.effects_after: dict[str, float | None] = {}
         self.closed = False
+        self.prior: Any = None
+        self._t_prepare: float | None = None
+        self.add_s: float | None = None
 
     def _addresses(self, ctx: FaultContext) -> None:
         if self.listen is None:
@@ -180,11 +184,24 @@ class LinkWindow:
                 out[d] = None
         return out
 
-    def open(self, ctx: FaultContext) -> None:
-        """First samples: sockets, then counters (a connection that ends in between is counted
-        as open by the sockets, so its bytes are subtracted: never over-counted)."""
-        self.before = self.sample(ctx)
+    def prepare(self, ctx: FaultContext) -> None:
+        """Samples just before the fault is put in place: sockets, then Toxiproxy's at-close
+        counters (a connection that ends in between is subtracted as if open: never
+        over-counted). A connection that ends *while* the toxic is being added (the real server
+        attaches it link by link under one lock; ``add_s`` in the evidence) is counted with the
+        bytes it read after this sample: a cut during the add (limit_data meeting a transfer
+        that started with the phase) is a bite the later samples alone would miss."""
+        self.prior = self.sample(ctx)
         self.counter_before = self._counters(ctx)
+        self._t_prepare = time.monotonic()
+
+    def open(self, ctx: FaultContext) -> None:
+        """Samples just after the fault is in place: the start of the window for open sockets."""
+        if self._t_prepare is not None:
+            self.add_s = round(time.monotonic() - self._t_prepare, 4)
+        self.before = self.sample(ctx)
+        if not self.counter_before:
+            self.counter_before = self._counters(ctx)
         self.effects_before = link_effects(ctx, self.link)
 
     def close(self, ctx: FaultContext) -> None:
@@ -208,7 +225,7 @@ class LinkWindow:
     def stream(self, stream: str, ctx: FaultContext | None = None) -> dict[str, Any]:
         """Bytes that arrived on ``stream`` while the fault was in place (see the module doc);
         before :meth:`close`, up to now. ``{"bytes": None, "reason": ...}`` when unknown."""
-        from chaos.proxy.sockets import stream_bytes
+        from chaos.proxy.sockets import ended_read, stream_bytes
 
         after, counter_after = self.after, self.counter_after
         if not self.closed and ctx is not None and self.before is not None:
@@ -222,9 +239,12 @@ class LinkWindow:
         if c0 is not None and c1 is not None:
             # Added when a connection ends: the ended connections' bytes (those opened in the
             # window too, which no socket sample saw) less what they had read before the window.
-            closed_bytes = max(0, (c1 - c0) - out["bytes_read_before_of_ended"])
+            read_before = ended_read(self.prior, self.before, after, stream)
+            closed_bytes = max(0, (c1 - c0) - read_before)
             out["ended_connections_bytes"] = closed_bytes
         out["bytes"] = out["bytes_in"] + closed_bytes
+        if self.add_s is not None:
+            out["add_s"] = self.add_s
         return out
 
 
@@ -269,6 +289,7 @@ class ToxicFault(Fault):
             )
 
         replaced = False
+        self._window.prepare(ctx)
         try:
             toxic = add()
         except Exception as exc:
@@ -308,13 +329,13 @@ class ToxicFault(Fault):
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         counts = [c for c in (self._count(ctx), self._last_count) if c is not None]
         effects = self._window.effects()
+        stream = self._window.stream(self.params.stream, ctx)
         if counts:
             n = max(counts) - self._baseline
-            out: dict[str, Any] = {"bit": n > 0, "acted_on": n, "source": "toxic counter"}
+            out: dict[str, Any] = {"bit": n > 0, "acted_on": n, "source": "toxic counter", "stream": stream}
             if effects:
                 out["effects"] = effects
             return out
-        stream = self._window.stream(self.params.stream, ctx)
         out = {"bit": False, "acted_on": None, "stream": stream}
         if effects:
             out["effects"] = effects

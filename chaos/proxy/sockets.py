@@ -31,7 +31,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-__all__ = ["SocketInfo", "LinkSample", "SocketsUnavailable", "sample_link", "stream_bytes"]
+__all__ = ["SocketInfo", "LinkSample", "SocketsUnavailable", "sample_link", "stream_bytes", "ended_read"]
 
 _HEAD = re.compile(r"^(?P<state>\S+)\s+(?P<recvq>\d+)\s+(?P<sendq>\d+)\s+(?P<local>\S+)\s+(?P<peer>\S+)")
 _PID = re.compile(r"pid=(\d+)")
@@ -191,9 +191,7 @@ def stream_bytes(before: LinkSample, after: LinkSample, stream: str) -> dict[str
 
     Returns:
         ``{"bytes_in", "bytes_read", "connections_before", "connections_after",
-        "connections_opened", "connections_closed", "bytes_read_before_of_ended"}``: the last
-        is what the sockets that closed, or whose peer ended its side, had been read at
-        ``before`` (to subtract from a counter added at close, see chaos/faults/network.py).
+        "connections_opened", "connections_closed"}``.
     """
     a, b = before.stream_input(stream), after.stream_input(stream)
     bytes_in = bytes_read = 0
@@ -202,11 +200,24 @@ def stream_bytes(before: LinkSample, after: LinkSample, stream: str) -> dict[str
         bytes_in += s.bytes_received - (old.bytes_received if old else 0)
         bytes_read += s.bytes_read - (old.bytes_read if old else 0)
     closed = [s for ino, s in a.items() if ino not in b]
-    # A reader that ended (the peer's FIN: CLOSE-WAIT and later states) may have been counted
-    # by a counter added at close although its socket is still listed.
-    ended = closed + [s for ino, s in a.items() if ino in b and b[ino].state != "ESTAB"]
     return {"bytes_in": max(0, bytes_in), "bytes_read": max(0, bytes_read),
             "connections_before": len(a), "connections_after": len(b),
             "connections_opened": sum(1 for ino in b if ino not in a),
-            "connections_closed": len(closed),
-            "bytes_read_before_of_ended": sum(s.bytes_read for s in ended)}
+            "connections_closed": len(closed)}
+
+
+def ended_read(prior: LinkSample | None, before: LinkSample, after: LinkSample, stream: str) -> int:
+    """What the stream's input sockets that ended by ``after`` had read when last seen before
+    the window (in ``before``, else in ``prior``): the part of a counter added at a
+    connection's end (Toxiproxy's ``toxiproxy_proxy_received_bytes_total``) that is not the
+    window's. "Ended" = gone, or its reader done although the socket is still listed (the peer's
+    FIN: CLOSE-WAIT and later states)."""
+    a0 = prior.stream_input(stream) if prior is not None else {}
+    a1, b = before.stream_input(stream), after.stream_input(stream)
+    total = 0
+    for ino in set(a0) | set(a1):
+        if ino in b and b[ino].state == "ESTAB":
+            continue
+        last = a1.get(ino) or a0[ino]
+        total += last.bytes_read
+    return total

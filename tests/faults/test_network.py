@@ -257,3 +257,47 @@ def test_a_stale_toxic_of_the_same_name_is_replaced(proxy, link):
     assert applied["replaced_stale_toxic"] is True
     (toxic,) = proxy.toxics(LINK)
     assert toxic.attributes["latency"] == 1
+
+
+def test_limit_data_on_a_transfer_under_way_bites_even_when_the_cut_lands_during_the_add(proxy, real):
+    """A stream already flowing when limit_data is added is cut within milliseconds, possibly
+    before the add returns (and the connection is gone from every later socket sample): the
+    bytes it read after the sample taken just before the add still count."""
+    import threading
+
+    def stream_forever(conn: socket.socket) -> None:
+        while True:
+            conn.sendall(b"s" * 65536)
+            time.sleep(0.002)
+
+    from kvchaos_support import Upstream
+
+    up = Upstream(stream_forever)
+    try:
+        p = proxy.create_proxy("busy", "127.0.0.1:0", up.address)
+        host, port = p.listen.rsplit(":", 1)
+        conn = socket.create_connection((host, int(port)), timeout=5)
+        stop = threading.Event()
+
+        def drain() -> None:
+            try:
+                while not stop.is_set() and conn.recv(1 << 20):
+                    pass
+            except OSError:
+                pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        time.sleep(0.2)  # the transfer is under way
+        fault = _fault("limit_data", link="busy", bytes=1000)
+        ctx = FaultContext(proxy=proxy)
+        fault.apply(ctx)
+        reader.join(5)
+        assert not reader.is_alive(), "the toxic did not cut the transfer"
+        fault.heal(ctx)
+        ev = fault.evidence(ctx)
+        assert ev["bit"] is True and ev["source"] == _source(real), ev
+        stop.set()
+        conn.close()
+    finally:
+        up.close()
