@@ -64,8 +64,7 @@ class LinkDown(Fault):
         return {"link": self.params.link, "enabled": enabled}
 
     def heal(self, ctx: FaultContext) -> dict[str, Any]:
-        if self._window.before is not None or self._window.socket_error is not None:
-            self._window.close(ctx)
+        self._window.close(ctx)
         proxy = require_proxy(ctx).update_proxy(self.params.link, enabled=True)
         enabled = jsonable(proxy).get("enabled")
         return {"link": self.params.link, "enabled": enabled}

@@ -155,6 +155,8 @@ class LinkWindow:
         self.closed = False
         self.prior: Any = None
         self._t_prepare: float | None = None
+        self._watch: Any = None
+        self.destroyed: dict | None = None
         self.add_s: float | None = None
 
     def _addresses(self, ctx: FaultContext) -> None:
@@ -194,6 +196,11 @@ class LinkWindow:
         self.prior = self.sample(ctx)
         self.counter_before = self._counters(ctx)
         self._t_prepare = time.monotonic()
+        if self.prior is not None:
+            from chaos.proxy.sockets import DestroyWatch
+
+            ports = [int(str(a).rpartition(":")[2]) for a in (self.listen, self.upstream)]
+            self._watch = DestroyWatch(ports)
 
     def open(self, ctx: FaultContext) -> None:
         """Samples just after the fault is in place: the start of the window for open sockets."""
@@ -211,6 +218,9 @@ class LinkWindow:
         self.effects_after = link_effects(ctx, self.link)
         self.counter_after = self._counters(ctx)
         self.after = self.sample(ctx) if self.before is not None else None
+        if self._watch is not None:
+            self.destroyed = self._watch.stop()
+            self._watch = None
         self.closed = True
 
     def effects(self) -> dict[str, float]:
@@ -225,7 +235,7 @@ class LinkWindow:
     def stream(self, stream: str, ctx: FaultContext | None = None) -> dict[str, Any]:
         """Bytes that arrived on ``stream`` while the fault was in place (see the module doc);
         before :meth:`close`, up to now. ``{"bytes": None, "reason": ...}`` when unknown."""
-        from chaos.proxy.sockets import ended_read, stream_bytes
+        from chaos.proxy.sockets import destroyed_bytes, ended_read, stream_bytes
 
         after, counter_after = self.after, self.counter_after
         if not self.closed and ctx is not None and self.before is not None:
@@ -242,7 +252,13 @@ class LinkWindow:
             read_before = ended_read(self.prior, self.before, after, stream)
             closed_bytes = max(0, (c1 - c0) - read_before)
             out["ended_connections_bytes"] = closed_bytes
-        out["bytes"] = out["bytes_in"] + closed_bytes
+        cut_bytes = 0
+        if self.destroyed:
+            # Read by connections the kernel destroyed in the window, after their last sample.
+            cut_bytes = destroyed_bytes(self.prior, self.before, after, stream, self.destroyed)
+            out["destroyed_connections_bytes"] = cut_bytes
+        # The two measure the same ended connections: take the larger, never their sum.
+        out["bytes"] = out["bytes_in"] + max(closed_bytes, cut_bytes)
         if self.add_s is not None:
             out["add_s"] = self.add_s
         return out
@@ -291,14 +307,18 @@ class ToxicFault(Fault):
         replaced = False
         self._window.prepare(ctx)
         try:
-            toxic = add()
-        except Exception as exc:
-            # 409: a toxic of this name outlived an earlier, crashed run; ours replaces it.
-            if getattr(exc, "status", None) != 409:
-                raise
-            client.remove_toxic(self.params.link, self.id)
-            toxic = add()
-            replaced = True
+            try:
+                toxic = add()
+            except Exception as exc:
+                # 409: a toxic of this name outlived an earlier, crashed run; ours replaces it.
+                if getattr(exc, "status", None) != 409:
+                    raise
+                client.remove_toxic(self.params.link, self.id)
+                toxic = add()
+                replaced = True
+        except BaseException:
+            self._window.close(ctx)  # ends the destroy watch
+            raise
         self._window.open(ctx)  # after the toxic is in place: only bytes it saw count
         return {
             "link": self.params.link,
@@ -316,8 +336,7 @@ class ToxicFault(Fault):
         count = self._count(ctx)  # read before removal, in case removal drops the counter
         if count is not None:
             self._last_count = count
-        if self._window.before is not None or self._window.socket_error is not None:
-            self._window.close(ctx)  # before removal: only bytes the toxic saw count
+        self._window.close(ctx)  # before removal: only bytes the toxic saw count
         try:
             client.remove_toxic(self.params.link, self.id)
         except Exception as exc:

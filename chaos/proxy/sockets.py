@@ -29,10 +29,14 @@ import os
 import re
 import shutil
 import subprocess
+import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["SocketInfo", "LinkSample", "SocketsUnavailable", "sample_link", "stream_bytes", "ended_read"]
+__all__ = ["SocketInfo", "LinkSample", "SocketsUnavailable", "DestroyWatch", "sample_link", "stream_bytes",
+           "ended_read", "destroyed_bytes"]
 
+#: States in which the peer's FIN has arrived (ss's names).
+FIN_RECEIVED_STATES = frozenset({"CLOSE-WAIT", "LAST-ACK", "CLOSING", "TIME-WAIT"})
 _HEAD = re.compile(r"^(?P<state>\S+)\s+(?P<recvq>\d+)\s+(?P<sendq>\d+)\s+(?P<local>\S+)\s+(?P<peer>\S+)")
 _PID = re.compile(r"pid=(\d+)")
 _FIELDS = {k: re.compile(rf"\b{k}:(\d+)") for k in ("ino", "bytes_received", "bytes_acked", "bytes_sent")}
@@ -61,9 +65,19 @@ class SocketInfo:
     bytes_acked: int = 0
 
     @property
+    def fin_received(self) -> bool:
+        """The peer's FIN arrived (``bytes_received`` counts it as one byte of sequence)."""
+        return self.state in FIN_RECEIVED_STATES
+
+    @property
+    def data_received(self) -> int:
+        """Data bytes received: ``bytes_received`` without the FIN's one."""
+        return max(0, self.bytes_received - (1 if self.fin_received else 0))
+
+    @property
     def bytes_read(self) -> int:
-        """Bytes the owning process has read from the socket (received minus still queued)."""
-        return max(0, self.bytes_received - (self.recv_q if self.state != "LISTEN" else 0))
+        """Data bytes the owning process has read from the socket (received minus still queued)."""
+        return max(0, self.data_received - (self.recv_q if self.state != "LISTEN" else 0))
 
 
 @dataclass
@@ -104,12 +118,13 @@ def _same(addr: str, want: str) -> bool:
     return h1 == h2 or (h1 in loop and h2 in loop)
 
 
-def parse_ss(text: str) -> list[SocketInfo]:
+def parse_ss(text: str, require_inode: bool = True) -> list[SocketInfo]:
     """Parse the output of ``ss -tanpieH`` (a record per socket; ``-i`` puts TCP_INFO on an
     indented continuation line).
 
     Returns:
-        One :class:`SocketInfo` per record (records without an ``ino:`` field are skipped).
+        One :class:`SocketInfo` per record (records without an ``ino:`` field are skipped
+        unless ``require_inode`` is False: destroyed sockets, ``ss -E``, have none).
     """
     records: list[str] = []
     for line in text.splitlines():
@@ -125,7 +140,7 @@ def parse_ss(text: str) -> list[SocketInfo]:
         if not m:
             continue
         vals = {k: (int(r.group(1)) if (r := rx.search(rec)) else 0) for k, rx in _FIELDS.items()}
-        if not vals["ino"]:
+        if require_inode and not vals["ino"]:
             continue
         out.append(SocketInfo(m["state"], m["local"], m["peer"], vals["ino"],
                               frozenset(int(p) for p in _PID.findall(rec)), int(m["recvq"]),
@@ -133,12 +148,92 @@ def parse_ss(text: str) -> list[SocketInfo]:
     return out
 
 
-def _ss(ports: list[int], timeout_s: float) -> str:
+def _ss_binary() -> str:
     ss = shutil.which("ss") or next((p for p in ("/usr/bin/ss", "/sbin/ss", "/usr/sbin/ss", "/bin/ss")
                                      if os.path.exists(p)), None)
     if ss is None:
         raise SocketsUnavailable("iproute2's `ss` is not installed")
-    expr = " or ".join(f"sport = :{p} or dport = :{p}" for p in sorted(set(ports)))
+    return ss
+
+
+def _filter(ports: list[int]) -> str:
+    return "( " + " or ".join(f"sport = :{p} or dport = :{p}" for p in sorted(set(ports))) + " )"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
+def _collect(stream, lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(2)
+
+
+class DestroyWatch:
+    """The link's sockets as the kernel destroys them (``ss -tinEH``: sock_diag destroy events,
+    with each socket's last TCP_INFO), collected while a fault is in place: a connection cut
+    between two samples still tells how many bytes it had read. Needs root (or
+    CAP_NET_ADMIN) and ``stdbuf``; without them :meth:`stop` returns None."""
+
+    def __init__(self, ports: list[int]) -> None:
+        import threading
+
+        self.lines: list[str] = []
+        self.proc = None
+        stdbuf = shutil.which("stdbuf")
+        try:
+            ss = _ss_binary()
+        except SocketsUnavailable:
+            return
+        if stdbuf is None or os.geteuid() != 0:
+            return
+        try:
+            self.proc = subprocess.Popen([stdbuf, "-oL", ss, "-tinEH", _filter(ports)], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+                                         preexec_fn=_die_with_parent)
+        except OSError:
+            self.proc = None
+            return
+        # The reader holds no reference to this object, so the finalizer below can run.
+        self._reader = threading.Thread(target=_collect, args=(self.proc.stdout, self.lines), daemon=True)
+        self._reader.start()
+        # A watch nobody stops (a fault never healed) ends with this object, or with this
+        # process (PR_SET_PDEATHSIG), never outlives it.
+        weakref.finalize(self, _end, self.proc)
+
+    def stop(self) -> dict[tuple[str, str], SocketInfo] | None:
+        """End the watch; the sockets destroyed meanwhile by ``(local, peer)``, or None when
+        the watch could not run."""
+        import signal as _signal
+
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(_signal.SIGINT)
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(2)
+        self._reader.join(2)
+        return {(s.local, s.peer): s for s in parse_ss("".join(self.lines), require_inode=False)}
+
+
+def _ss(ports: list[int], timeout_s: float) -> str:
+    ss = _ss_binary()
+    expr = _filter(ports)[2:-2]
     try:
         r = subprocess.run([ss, "-tanpieH", f"( {expr} )"], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -197,7 +292,7 @@ def stream_bytes(before: LinkSample, after: LinkSample, stream: str) -> dict[str
     bytes_in = bytes_read = 0
     for ino, s in b.items():
         old = a.get(ino)
-        bytes_in += s.bytes_received - (old.bytes_received if old else 0)
+        bytes_in += s.data_received - (old.data_received if old else 0)
         bytes_read += s.bytes_read - (old.bytes_read if old else 0)
     closed = [s for ino, s in a.items() if ino not in b]
     return {"bytes_in": max(0, bytes_in), "bytes_read": max(0, bytes_read),
@@ -220,4 +315,25 @@ def ended_read(prior: LinkSample | None, before: LinkSample, after: LinkSample, 
             continue
         last = a1.get(ino) or a0[ino]
         total += last.bytes_read
+    return total
+
+
+def destroyed_bytes(prior: LinkSample | None, before: LinkSample, after: LinkSample, stream: str,
+                    destroyed: dict[tuple[str, str], SocketInfo]) -> int:
+    """Data bytes the stream's input sockets read after they were last sampled (in ``before``,
+    else in ``prior``) and before the kernel destroyed them (a :class:`DestroyWatch` record of
+    the same addresses). The final count is taken less one (a FIN may be counted as read), so
+    a connection that only closed counts nothing."""
+    a0 = prior.stream_input(stream) if prior is not None else {}
+    a1, b = before.stream_input(stream), after.stream_input(stream)
+    total = 0
+    for ino in set(a0) | set(a1):
+        if ino in b:
+            continue
+        last = a1.get(ino) or a0[ino]
+        end = destroyed.get((last.local, last.peer))
+        if end is None:
+            continue
+        final_read = max(0, end.bytes_received - end.recv_q - 1)
+        total += max(0, final_read - last.bytes_read)
     return total

@@ -253,10 +253,12 @@ def test_get_kind_classes_have_params_models():
 def test_a_stale_toxic_of_the_same_name_is_replaced(proxy, link):
     proxy.add_toxic(LINK, "latency", {"latency": 5000}, name="latency-0")
     fault = _fault("latency", latency_ms=1)
-    applied = fault.apply(FaultContext(proxy=proxy))
+    ctx = FaultContext(proxy=proxy)
+    applied = fault.apply(ctx)
     assert applied["replaced_stale_toxic"] is True
     (toxic,) = proxy.toxics(LINK)
     assert toxic.attributes["latency"] == 1
+    fault.heal(ctx)
 
 
 def test_limit_data_on_a_transfer_under_way_bites_even_when_the_cut_lands_during_the_add(proxy, real):
@@ -301,3 +303,19 @@ def test_limit_data_on_a_transfer_under_way_bites_even_when_the_cut_lands_during
         conn.close()
     finally:
         up.close()
+
+
+def test_a_fault_never_healed_leaves_no_watcher_behind(proxy, link):
+    """The kernel watch of a fault's window (ss -E) ends with the fault object."""
+    import gc
+
+    import psutil
+
+    fault = _fault("latency", latency_ms=1)
+    fault.apply(FaultContext(proxy=proxy))
+    watch = fault._window._watch
+    pid = watch.proc.pid if watch is not None and watch.proc is not None else None
+    del fault, watch
+    gc.collect()
+    if pid is not None:  # (None: no root or no stdbuf, no watch was started)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
