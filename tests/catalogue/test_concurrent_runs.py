@@ -45,8 +45,9 @@ def test_two_runs_at_once_with_default_ports_end_as_lone_runs(tmp_path):
     for i, (p, out) in enumerate(zip(procs, outs), start=1):
         results = [json.loads(f.read_text()) for f in (tmp_path / f"reports-{i}").glob("*/result.json")]
         verdicts = {r["scenario"]: r["verdict"] for r in results}
+        errors = {r["scenario"]: (r.get("error") or "")[:1500] for r in results if r.get("error")}
         assert p.returncode == 0 and verdicts == {"smoke": "passed", "lookup-timeout": "passed"}, \
-            (verdicts, out[-3000:])
+            (verdicts, errors, out[-2000:])
         stacks = list((tmp_path / f"reports-{i}").glob("suite-*/stacks/*/logs/engine.log")) or \
             list((tmp_path / f"reports-{i}").glob("**/logs/engine.log"))
         ports.append({line.split("--port', '")[1].split("'")[0] for s in stacks
