@@ -6,7 +6,16 @@ KVCHAOS := $(VENV)/bin/kvchaos
 # The default suite of `make demo`: no fault, a lookup stall, a node exit.
 SUITE ?= scenarios/smoke.yaml scenarios/lookup-timeout.yaml scenarios/node-exit-lmcache.yaml
 
-.PHONY: setup image demo test test-fast zoo bench clean
+# The real Toxiproxy (chaos/proxy/real.py): KVCHAOS_TOXIPROXY_BIN when set, else toxiproxy-server
+# on PATH, else the build kept beside the checkout (../shared/tools/toxiproxy/, also from a
+# worktree one level deeper). `make test` runs the catalogue with it too; under CI it must exist.
+KVCHAOS_TOXIPROXY_BIN ?= $(or $(shell command -v toxiproxy-server 2>/dev/null),$(abspath $(firstword $(wildcard ../shared/tools/toxiproxy/toxiproxy-server ../../shared/tools/toxiproxy/toxiproxy-server))))
+export KVCHAOS_TOXIPROXY_BIN
+# Network-fault scenarios, also run under --backend compose with the real server in a container.
+NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
+PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos
+
+.PHONY: setup image demo test test-fast test-real-proxy test-loaded zoo bench bench-load clean
 
 setup:
 	bash scripts/setup.sh
@@ -19,10 +28,25 @@ image: setup
 demo: setup
 	$(KVCHAOS) run $(SUITE)
 
-## Every test: unit and integration (real LMCache, Redis, proxy, Docker), then the scenarios.
+## Every test: unit and integration (real LMCache, Redis, proxy, Docker), then the scenarios
+## with the bundled proxy, then with the real Toxiproxy (same verdicts, every fault bitten).
 test: setup image
 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" tests
-	$(PY) -m pytest -q -p no:cacheprovider -m chaos --junitxml=reports/junit-chaos.xml
+	rm -rf reports/chaos-bundled
+	$(PYTEST_CHAOS) --kvchaos-proxy bundled --kvchaos-report-dir reports/chaos-bundled --junitxml=reports/junit-chaos.xml
+	$(MAKE) --no-print-directory test-real-proxy
+
+## The catalogue with the real Toxiproxy (local backend), compared with the bundled run of
+## `make test`; and the network-fault scenarios under --backend compose with the real server
+## in a container built from the same binary.
+test-real-proxy:
+	@if [ -z "$(KVCHAOS_TOXIPROXY_BIN)" ]; then \
+	  if [ -n "$$CI" ]; then echo "error: no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)" >&2; exit 1; fi; \
+	  echo "test-real-proxy: SKIPPED, no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)"; exit 0; fi; \
+	set -e; rm -rf reports/chaos-real reports/compose-real; \
+	$(PYTEST_CHAOS) --kvchaos-proxy real --kvchaos-report-dir reports/chaos-real --junitxml=reports/junit-chaos-real.xml; \
+	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real --require-bitten; \
+	$(KVCHAOS) run --backend compose --proxy real --report-dir reports/compose-real $(NETWORK_SUITE)
 
 ## Unit tests only (no real servers, no Docker).
 test-fast: setup
@@ -36,6 +60,20 @@ bench: setup
 	$(PY) benchmarks/proxy_throughput.py
 	$(PY) benchmarks/ttft_hit.py
 	$(PY) benchmarks/suite_overhead.py
+
+## `make test` and three catalogue runs while 4 busy-loop processes keep both cores busy
+## (benchmarks/load.py: bounded, ended on every exit). Long: about 3x `make test`.
+test-loaded: setup image
+	$(PY) benchmarks/load.py --procs 4 --max-s 14400 -- $(MAKE) --no-print-directory test
+	rm -rf reports/loaded-1 reports/loaded-2 reports/loaded-3
+	$(PY) benchmarks/load.py --procs 4 --max-s 10800 -- sh -c 'for i in 1 2 3; do \
+	  $(KVCHAOS) run scenarios/ --report-dir reports/loaded-$$i || exit 1; done'
+	$(PY) -m chaos.report.compare reports/loaded-1 reports/loaded-2
+	$(PY) -m chaos.report.compare reports/loaded-1 reports/loaded-3
+
+## Catalogue wall time quiet vs loaded, and the verdicts the load changed (goal 0).
+bench-load: setup
+	$(PY) benchmarks/catalogue_under_load.py
 
 clean:
 	rm -rf $(VENV) reports/*/ .pytest_cache

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from chaos.proxy.real import PROXY_OPTION_HELP
 from chaos.yamlsource import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INFRA, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
@@ -56,6 +57,17 @@ def fail_config(exc: ConfigError) -> None:
     raise typer.Exit(EXIT_INVALID)
 
 
+def _select_proxy(proxy: str | None) -> None:
+    """``--proxy``: set the stack variable KVCHAOS_PROXY, or exit 2 for a bad value."""
+    from chaos.proxy.real import use_proxy
+
+    try:
+        use_proxy(proxy)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
 def _stack_run_dir(file: Path) -> Path:
     """Where a detached stack started from ``file`` keeps its state (one per stack file)."""
     from chaos.journal import state_dir
@@ -89,6 +101,7 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
                                                     "(repeatable; local backend)"),
              backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND",
                                          help="local (processes) or compose (Docker containers)"),
+             proxy: str | None = typer.Option(None, "--proxy", envvar="KVCHAOS_PROXY", help=PROXY_OPTION_HELP),
              ) -> None:
     """Start every service of FILE (local processes or, with --backend compose, a compose
     project), wait until healthy, and leave it running for `kvchaos stack status|down FILE`."""
@@ -100,6 +113,7 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
     if service and backend == "compose":
         console.print("error: --service works with the local backend only")
         raise typer.Exit(EXIT_INVALID)
+    _select_proxy(proxy)
     run_dir = _stack_run_dir(file)
     if (run_dir / "state.json").exists():
         console.print(f"stack {file} is already up (state in {run_dir}); `kvchaos stack down {file}` first")
@@ -204,6 +218,7 @@ def run_cmd(
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
     stack: Path | None = typer.Option(None, "--stack", help="run every scenario on this stack file "
                                       "instead of its own (e.g. compose/vllm-lmcache.yml on a GPU host)"),
+    proxy: str | None = typer.Option(None, "--proxy", envvar="KVCHAOS_PROXY", help=PROXY_OPTION_HELP),
 ) -> None:
     """Run chaos scenarios against their stacks and check the invariants.
 
@@ -218,6 +233,7 @@ def run_cmd(
     if backend not in ("local", "compose"):
         print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
         raise typer.Exit(EXIT_INVALID)
+    _select_proxy(proxy)
     try:
         paths = [p for root in scenarios for p in discover_scenarios(root)]
         if not paths:

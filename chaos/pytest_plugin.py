@@ -33,6 +33,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="file or folder of scenario YAML files (default: scenarios/, ini kvchaos_scenarios)")
     group.addoption("--kvchaos-backend", action="store", default=None,
                     help="local (default) or compose; env KVCHAOS_BACKEND")
+    group.addoption("--kvchaos-proxy", action="store", default=None, choices=("bundled", "real"),
+                    help="the stacks' fault proxy: bundled or real (Toxiproxy); env KVCHAOS_PROXY")
     group.addoption("--kvchaos-stack", action="store", default=None,
                     help="run every scenario on this stack file instead of its own")
     group.addoption("--kvchaos-report-dir", action="store", default="reports",
@@ -49,6 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "chaos: a chaos scenario run against a real stack (pytest -m chaos)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds or starts a real stack")
     config.stash[_TIMES_KEY] = []
+    proxy = config.getoption("--kvchaos-proxy", None)
+    if proxy:
+        from chaos.proxy.real import use_proxy
+
+        use_proxy(proxy)  # the stack variable KVCHAOS_PROXY of every stack the session starts
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

@@ -33,6 +33,7 @@ from typing import Literal
 import typer
 
 from chaos.engine.bugs import BUGS
+from chaos.proxy.real import PROXY_OPTION_HELP
 
 __all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "compare_matrices", "leftover_state",
            "plan_rows", "restart_dirty", "run_zoo", "zoo"]
@@ -377,6 +378,7 @@ def zoo(
     out: Path = typer.Option(Path("reports/zoo"), "--out", help="where matrix.md and matrix.json go"),
     report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
     backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
+    proxy: str | None = typer.Option(None, "--proxy", envvar="KVCHAOS_PROXY", help=PROXY_OPTION_HELP),
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
     repeat: int = typer.Option(1, "--repeat", min=1, max=20,
                                help="run the whole zoo N times and require the same matrix each time"),
@@ -393,6 +395,13 @@ def zoo(
     from chaos.runner.suite import load_and_validate
     from chaos.yamlsource import ConfigError
 
+    from chaos.proxy.real import use_proxy
+
+    try:
+        use_proxy(proxy)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     chosen_bugs = list(bugs) if bugs else sorted(BUGS)
     unknown = [b for b in chosen_bugs if b not in BUGS]
     if unknown:

@@ -3,6 +3,9 @@
 - Telemetry off for every process a test starts (LMCache, vLLM), as the project promises.
 - kvchaos state (journals, detached stacks) goes to a per-session temporary folder, so tests
   never touch a user's ~/.local/state/kvchaos and leave nothing behind.
+- The real Toxiproxy: ``KVCHAOS_TOXIPROXY_BIN`` when set, else ``toxiproxy-server`` on PATH, else
+  the build kept beside the checkout in ``../shared/tools/toxiproxy/`` (the Makefile's default
+  too); tests that need it are skipped only when none is there.
 """
 
 from __future__ import annotations
@@ -12,6 +15,23 @@ import os
 from chaos.stack.environment import TELEMETRY_OFF
 
 os.environ.update(TELEMETRY_OFF)
+
+
+def _default_toxiproxy_bin() -> None:
+    import shutil
+    from pathlib import Path
+
+    if os.environ.get("KVCHAOS_TOXIPROXY_BIN") or shutil.which("toxiproxy-server"):
+        return
+    repo = Path(__file__).resolve().parents[1]
+    for up in (repo.parent, repo.parent.parent):
+        candidate = up / "shared" / "tools" / "toxiproxy" / "toxiproxy-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            os.environ["KVCHAOS_TOXIPROXY_BIN"] = str(candidate)
+            return
+
+
+_default_toxiproxy_bin()
 
 
 def pytest_configure(config):

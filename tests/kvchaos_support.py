@@ -138,6 +138,72 @@ class ServerThread:
         self.loop.close()
 
 
+def _real_toxiproxy_missing() -> str | None:
+    from chaos.proxy.real import MissingToxiproxy, find_binary
+
+    try:
+        find_binary()
+    except MissingToxiproxy as exc:
+        return str(exc)
+    return None
+
+
+#: Tests that run the real Toxiproxy (KVCHAOS_TOXIPROXY_BIN or toxiproxy-server on PATH; the
+#: Makefile points the variable at ../shared/tools/toxiproxy when it is there).
+needs_real_toxiproxy = pytest.mark.skipif(_real_toxiproxy_missing() is not None,
+                                          reason=f"needs the real Toxiproxy: {_real_toxiproxy_missing()}")
+
+
+class RealToxiproxy:
+    """The real ``toxiproxy-server`` (``-proxy-metrics``) on a free loopback port, as a child
+    process; same ``url``/``close()`` as :class:`ServerThread`."""
+
+    def __init__(self, seed: int | None = 1) -> None:
+        import subprocess
+        import time
+
+        import httpx
+
+        from chaos.proxy.real import real_argv
+        from chaos.stack.spec import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(real_argv("127.0.0.1", self.port, seed=seed),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(self.url + "/version", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"toxiproxy-server did not start on {self.url}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def proxy_server(kind: str):
+    """A running proxy server of ``kind``: ``asyncio``/``uvloop`` (the bundled proxy on that
+    event loop, in this process) or ``real`` (the real Toxiproxy; skipped when absent)."""
+    if kind == "real":
+        missing = _real_toxiproxy_missing()
+        if missing:
+            pytest.skip(f"needs the real Toxiproxy: {missing}")
+        return RealToxiproxy()
+    return ServerThread(loop=kind)
+
+
 class Upstream:
     """A threaded TCP server on 127.0.0.1 running ``handler(conn)`` per connection."""
 

@@ -26,6 +26,7 @@ A proxy is ``{"name", "listen", "upstream", "enabled", "toxics": [toxic]}``; a t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any, Awaitable, Callable
@@ -72,8 +73,17 @@ async def _api_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return _error(errors.ApiError(f"internal error: {exc}", 500))
 
 
+#: How long a request body may take to arrive (s): Toxiproxy 2.9.0's API server has
+#: ``ReadTimeout: 15 * time.Second`` (api.go); a client that stalls mid-body is cut off.
+BODY_READ_TIMEOUT_S = 15.0
+
+
 async def _body(request: web.Request, model: Any) -> Any:
-    raw = await request.read()
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_READ_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        # As the real server: 503, and the connection closed (the body was not read to its end).
+        raise web.HTTPServiceUnavailable(text="request body not received in time\n") from None
     try:
         if isinstance(model, TypeAdapter):
             return model.validate_json(raw or b"null")

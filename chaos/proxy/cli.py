@@ -55,12 +55,31 @@ def serve(
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
     loop: str = typer.Option(
         "auto", help="Event loop: auto (uvloop when installed), uvloop or asyncio."),
+    impl: str = typer.Option(
+        "bundled", "--impl", help="bundled (this proxy) or real: exec the real Toxiproxy "
+        "(toxiproxy-server from $KVCHAOS_TOXIPROXY_BIN or PATH) on the same address, with -proxy-metrics"),
 ) -> None:
     """Serve the API and the proxies until SIGINT/SIGTERM.
 
     Prints ``kvchaos proxy: API listening on http://HOST:PORT`` once ready. Exit status 2 for
-    a bad option or config file, 3 if the API address cannot be bound.
+    a bad option or config file (or ``--impl real`` without a toxiproxy-server binary), 3 if
+    the API address cannot be bound. ``--impl real`` replaces this process with the real server
+    (same pid), so ``--allow-remote`` and ``--loop`` do not apply to it.
     """
+    if impl not in ("bundled", "real"):
+        typer.echo(f"kvchaos proxy: --impl {impl!r}: want bundled or real", err=True)
+        raise typer.Exit(2)
+    if impl == "real":
+        import os
+
+        from chaos.proxy.real import MissingToxiproxy, real_argv
+
+        try:
+            argv = real_argv(host, port, seed=seed, config=config)
+        except MissingToxiproxy as exc:
+            typer.echo(f"kvchaos proxy: {exc}", err=True)
+            raise typer.Exit(2) from None
+        os.execv(argv[0], argv)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = ProxyServer(host, port, allow_remote=allow_remote, seed=seed)

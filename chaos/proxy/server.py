@@ -90,8 +90,10 @@ class ProxyServer:
             if err is not None:
                 self.collection.close()
                 raise ConfigError(f"config: {err.message}")
+        # shutdown_timeout: a request still running at stop (a client stalled mid-body) may hold
+        # the stop back for at most this long.
         self._runner = web.AppRunner(Api(self.collection).app(), access_log=None,
-                                     handle_signals=False)
+                                     handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()

@@ -148,7 +148,7 @@ class StackPool:
             say(f"starting stack {key.name} ({self.backend})")
             self._stacks[key] = stack
             self._variables[key] = variables
-            stack.up()
+            self._up_or_forget(key, stack)
             self._used.add(key)
             return stack
         if key in self._dirty:
@@ -158,7 +158,7 @@ class StackPool:
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
             stack.set_variables({**unset, **variables})
             self._variables[key] = variables
-            stack.up()
+            self._up_or_forget(key, stack)
             return stack
         if self._variables[key] != variables:
             changed = {k: v for k, v in variables.items() if self._variables[key].get(k) != v}
@@ -172,6 +172,22 @@ class StackPool:
             reset_stack(stack, say)
         self._used.add(key)
         return stack
+
+    def _up_or_forget(self, key: Path, stack: Stack) -> None:
+        """``stack.up()``; when it fails, the stack leaves the pool (brought down), so the next
+        scenario starts a fresh one instead of running against a stack that never came up
+        (its checks would report the missing stack as the system's failure)."""
+        try:
+            stack.up()
+        except BaseException:
+            self._stacks.pop(key, None)
+            self._variables.pop(key, None)
+            self._used.discard(key)
+            try:
+                stack.down()
+            except Exception:
+                pass
+            raise
 
     def release(self, stack_file: Path, result) -> None:
         """Tell the pool how the scenario that used the stack ended. After a scenario that

@@ -327,6 +327,55 @@ def build_image(tag: str, context: Path, dockerfile: str = "Dockerfile", *,
     return time.monotonic() - start
 
 
+#: The image of the real Toxiproxy that :func:`build_toxiproxy_image` builds (compose/reference.yml's
+#: default ``TOXIPROXY_IMAGE``).
+TOXIPROXY_IMAGE = "kvchaos/toxiproxy:2.9.0"
+TOXIPROXY_DOCKERFILE = Path(__file__).resolve().parents[2] / "compose" / "toxiproxy.Dockerfile"
+
+
+def toxiproxy_version(binary: Path) -> str:
+    """``2.9.0`` from ``toxiproxy-server -version`` (``toxiproxy-server version 2.9.0``).
+
+    Raises:
+        StackError: the binary does not run or prints no version.
+    """
+    try:
+        out = subprocess.run([str(binary), "-version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StackError(f"{binary}: cannot run it: {exc}") from None
+    words = (out.stdout + out.stderr).split()
+    if not words or not words[-1][:1].isdigit():
+        raise StackError(f"{binary} -version printed no version: {out.stdout + out.stderr!r}")
+    return words[-1]
+
+
+def build_toxiproxy_image(binary: Path | None = None, tag: str | None = None, *,
+                          client: docker.DockerClient | None = None, log_path: Path | None = None) -> str:
+    """Build the real Toxiproxy's image from its static binary, with no registry
+    (compose/toxiproxy.Dockerfile, ``FROM scratch``): the binary is copied into a temporary
+    build context at build time.
+
+    Args:
+        binary: ``toxiproxy-server`` (default: :func:`chaos.proxy.real.find_binary`).
+        tag: image name (default ``kvchaos/toxiproxy:<the binary's version>``).
+
+    Returns:
+        The tag built.
+
+    Raises:
+        MissingToxiproxy: no binary; StackError: the build failed.
+    """
+    from chaos.proxy.real import find_binary
+
+    binary = Path(binary) if binary is not None else find_binary()
+    tag = tag or f"kvchaos/toxiproxy:{toxiproxy_version(binary)}"
+    with tempfile.TemporaryDirectory(prefix="kvchaos-toxiproxy-ctx-") as ctx:
+        shutil.copy2(binary, Path(ctx) / "toxiproxy-server")
+        shutil.copy2(TOXIPROXY_DOCKERFILE, Path(ctx) / "Dockerfile")
+        build_image(tag, Path(ctx), "Dockerfile", client=client, log_path=log_path)
+    return tag
+
+
 def image_exists(client: docker.DockerClient, image: str) -> bool:
     """True when ``image`` is present in the local engine."""
     try:
@@ -548,15 +597,8 @@ class ComposeStack(Stack):
                         log_path=self.log_dir / f"build-{name}.log", client=self.client)
         missing = [n for n in missing if not image_exists(self.client, services[n]["image"])]
         proxy = self.settings.proxy.service if self.settings.proxy is not None else None
-        if proxy in missing:
-            local = self.spec.services[proxy].local_command()
-            engine = self.settings.engine
-            own = services.get(engine, {}).get("image") if engine else None
-            if local is not None and own and image_exists(self.client, own):
-                argv = self.spec.services[proxy].argv("local")
-                services[proxy].update({"image": own, "command": _escape_dollars(argv), "entrypoint": []})
-                services[proxy].pop("build", None)
-                missing.remove(proxy)
+        if proxy is not None:
+            missing = self._choose_proxy_image(services, proxy, missing)
         if missing:
             name = missing[0]
             raise StackError(f"service {name!r}: image {services[name].get('image')!r} is not present"
@@ -564,6 +606,58 @@ class ComposeStack(Stack):
                                 else " and building is off")
                              + "; build or load it (compose/README.md), or set KVCHAOS_PULL=1 where a "
                              "registry is reachable", name)
+
+    def _choose_proxy_image(self, services: dict[str, Any], proxy: str, missing: list[str]) -> list[str]:
+        """The proxy service's image by the stack variable ``KVCHAOS_PROXY``
+        (chaos/proxy/real.py):
+
+        - ``real``: the service's image (the real Toxiproxy's); when it is missing and is
+          kvchaos's own tag (``kvchaos/toxiproxy:*``), it is built from the binary
+          (:func:`build_toxiproxy_image`); never replaced by the bundled proxy;
+        - ``bundled``: kvchaos's proxy (the service's ``x-kvchaos-local.command`` with
+          ``--impl bundled``) in the engine's image, even when the real image is present;
+        - unset: the real image when present (or buildable from a binary that is found), else
+          the bundled proxy in the engine's image.
+
+        Returns:
+            ``missing`` without the proxy service when it now has an image.
+
+        Raises:
+            StackError: ``KVCHAOS_PROXY`` has a bad value, or ``bundled`` with no engine image.
+        """
+        from chaos.proxy.real import MissingToxiproxy, selected_impl
+
+        try:
+            impl = selected_impl(self.env)
+        except ValueError as exc:
+            raise StackError(str(exc), proxy) from None
+        image = services[proxy].get("image") or ""
+        if impl != "bundled" and proxy in missing and image.startswith("kvchaos/toxiproxy:"):
+            try:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                build_toxiproxy_image(tag=image, client=self.client, log_path=self.log_dir / f"build-{proxy}.log")
+            except MissingToxiproxy as exc:
+                if impl == "real":
+                    raise StackError(f"service {proxy!r}: image {image!r} is not present and cannot be "
+                                     f"built: {exc}", proxy) from None
+            if image_exists(self.client, image):
+                missing = [n for n in missing if n != proxy]
+        if impl == "real" or (impl is None and proxy not in missing):
+            return missing
+        local = self.spec.services[proxy].local_command()
+        engine = self.settings.engine
+        own = services.get(engine, {}).get("image") if engine else None
+        if local is not None and own and image_exists(self.client, own):
+            argv = self.spec.services[proxy].argv("local")
+            if "--impl" in argv:  # the engine's image has no toxiproxy-server
+                argv[argv.index("--impl") + 1] = "bundled"
+            services[proxy].update({"image": own, "command": _escape_dollars(argv), "entrypoint": []})
+            services[proxy].pop("build", None)
+            missing = [n for n in missing if n != proxy]
+        elif impl == "bundled":
+            raise StackError(f"service {proxy!r}: --proxy bundled runs kvchaos's proxy in the engine's image, "
+                             f"and {own!r} is not present", proxy)
+        return missing
 
     # --- lifecycle -----------------------------------------------------------------------
     def up(self) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +30,12 @@ import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from chaos.journal import Journal
+from chaos.proxy.real import MissingToxiproxy, asks_for_real, find_binary
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import service_environment
-from chaos.stack.probe import probe, probe_url_of
-from chaos.stack.spec import Service, StackSpec, load_stack
+from chaos.stack.ports import owned, release
+from chaos.stack.probe import group_pids, is_local_host, listeners, probe, probe_url_of, url_host_port
+from chaos.stack.spec import Service, StackSpec, load_stack, port_owner
 
 #: How long ``kill(..., "SIGKILL")`` waits for the process group to disappear (s).
 KILL_WAIT_S = 10.0
@@ -94,6 +98,10 @@ class _Proc:
         return False
 
 
+def _release_ports(owner: str | None) -> None:
+    release(owned(owner), owner)
+
+
 def log_tail(path: Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file ("" if missing)."""
     try:
@@ -139,6 +147,10 @@ class LocalStack(Stack):
         self._procs: dict[str, _Proc] = {}
         self._lock = threading.RLock()
         self.log_dir = self.run_dir / "logs"
+        # The ports picked for this stack stay claimed while the object lives (also across
+        # down/up, when a suite restarts it), and are released with it or with the process.
+        self._port_owner = port_owner(self.run_dir)
+        weakref.finalize(self, _release_ports, self._port_owner)
         self._check_programs()
 
     # --- validation before anything starts ----------------------------------------------
@@ -150,6 +162,11 @@ class LocalStack(Stack):
                 raise self.spec.service_error(
                     name, f"service {name!r}: program {argv[0]!r} not found on PATH "
                     "(install it, or run `kvchaos doctor`)", "command")
+            if asks_for_real(argv):
+                try:
+                    find_binary(self.env)
+                except MissingToxiproxy as exc:
+                    raise self.spec.service_error(name, f"service {name!r}: {exc}", "command") from None
             hc = svc.healthcheck
             probe_argv = hc.argv() if hc else None
             if probe_argv:
@@ -288,7 +305,15 @@ class LocalStack(Stack):
             try:
                 self.populate_links()
             except Exception as exc:  # the proxy answered health but not the API
-                raise StackError(f"could not create the proxy links on {proxy.api}: {exc}",
+                held = []
+                for link_name, link in self.settings.links.items():
+                    port = int(link.listen.rpartition(":")[2])
+                    owners = listeners(port)
+                    if owners:
+                        held.append(f"link {link_name}: port {port} is held by "
+                                    + ", ".join(o.describe() for o in owners))
+                why = f" ({'; '.join(held)})" if held else ""
+                raise StackError(f"could not create the proxy links on {proxy.api}: {exc}{why}",
                                  proxy.service, log_tail(self.log_dir / f"{proxy.service}.log")) from exc
 
     def _spawn(self, name: str) -> _Proc:
@@ -317,11 +342,67 @@ class LocalStack(Stack):
             self._procs[name] = proc
         return proc
 
+    # --- identity: the process that answers is the one this stack started ------------------
+    def _service_ports(self, name: str) -> dict[int, str]:
+        """``{port: variable}`` of the stack's ``*_PORT`` variables that the service's command
+        names (the ports it binds, and those it connects to)."""
+        argv = " ".join(self.spec.services[name].argv("local"))
+        out = {}
+        for var, value in self.env.items():
+            if var.endswith("_PORT") and value.isdigit() and re.search(rf"(?<![0-9]){value}(?![0-9])", argv):
+                out[int(value)] = var
+        return out
+
+    def _stack_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for p in self._procs.values():
+            pids |= group_pids(p.pgid)
+        return pids
+
+    def _foreign_listeners(self, name: str) -> list[str]:
+        """For each port the service's command names, the listeners no process of this stack
+        owns: ``["port 28100 (ENGINE_PORT): pid 123 (kvchaos engine serve ...)"]``."""
+        found = []
+        ours = None
+        for port, var in sorted(self._service_ports(name).items()):
+            owners = listeners(port)
+            if not owners:
+                continue
+            ours = self._stack_pids() if ours is None else ours
+            foreign = [o for o in owners if o.pid not in ours]
+            if foreign:
+                found.append(f"port {port} ({var}) is held by " + ", ".join(o.describe() for o in foreign))
+        return found
+
+    def _check_identity(self, name: str, url: str) -> None:
+        """The socket listening on the health check's port must belong to the service's own
+        process group; else another process answered (a concurrent stack, another program).
+
+        Raises:
+            StackError: naming the service, the port and the process that holds it.
+        """
+        host, port = url_host_port(url)
+        if port is None or not is_local_host(host):
+            return  # a remote address: its listener is not visible from here
+        proc = self._procs[name]
+        owners = listeners(port)
+        mine = group_pids(proc.pgid)
+        if any(o.pid in mine for o in owners):
+            return
+        who = ", ".join(o.describe() for o in owners) or "no process kvchaos can see"
+        raise StackError(f"service {name!r}: its health check {url} was answered by {who}, not by the "
+                         f"process kvchaos started (pid {proc.pid}); port {port} "
+                         f"({self._service_ports(name).get(port, 'its port')}) is taken by another "
+                         "process: stop it or set the port variable", name,
+                         log_tail(self.log_dir / f"{name}.log"))
+
     def _probe_once(self, name: str) -> bool:
         proc = self._procs.get(name)
         if proc is None or not proc.alive():
             rc = proc.returncode if proc else None
-            raise StackError(f"service {name!r} exited (code {rc}) before it became healthy", name,
+            lost = self._foreign_listeners(name)
+            why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
+            raise StackError(f"service {name!r} exited (code {rc}) before it became healthy{why}", name,
                              log_tail(self.log_dir / f"{name}.log"))
         hc = self.spec.services[name].healthcheck
         argv = hc.argv() if hc else None
@@ -330,6 +411,8 @@ class LocalStack(Stack):
         url = probe_url_of(argv)
         if url is not None:
             ok, _ = probe(url, timeout_s=hc.timeout)
+            if ok:
+                self._check_identity(name, url)
             return ok
         env = service_environment(self.spec.services[name].env(), base=self.env)
         try:
@@ -361,8 +444,14 @@ class LocalStack(Stack):
                             retry=retry_if_result(lambda ok: not ok), retry_error_callback=lambda _s: False)
         ok = retrying(self._probe_once, service)
         if not ok:
+            lost = self._foreign_listeners(service)
+            why = f"; {'; '.join(lost)}" if lost else ""
             raise StackError(f"service {service!r} not healthy after {deadline:.0f}s "
-                             f"(health check {hc.test})", service, log_tail(self.log_dir / f"{service}.log"))
+                             f"(health check {hc.test}){why}", service, log_tail(self.log_dir / f"{service}.log"))
+        lost = self._foreign_listeners(service)
+        if lost:  # e.g. LMCache's HTTP port is ours but its RPC port another process's
+            raise StackError(f"service {service!r} is healthy, but {'; '.join(lost)}: a process this stack "
+                             "did not start would serve it", service, log_tail(self.log_dir / f"{service}.log"))
         self._procs[service].healthy = True
 
     def status(self) -> dict[str, ServiceStatus]:
@@ -492,9 +581,6 @@ class LocalStack(Stack):
                 self._wait_gone(p, KILL_WAIT_S)
             self.journal.remove("process", f"{p.service}:{p.pid}")
         self._unmount_l2()
-        from chaos.stack.ports import release
-
-        release([int(v) for k, v in self.env.items() if k.endswith("_PORT") and v.isdigit()])
         if self.state_path.exists():
             self.state_path.unlink()
         self.journal.close()

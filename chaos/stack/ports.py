@@ -1,67 +1,192 @@
-"""Port claims shared by every kvchaos process on the machine.
+"""Port claims shared by every kvchaos process on the host, whatever its state dir or user.
 
-A stack's port variables are resolved when it is loaded, but some ports are bound only later
-(the proxy binds a link's listen port when the link is created, after its health check), so two
-stacks started at the same time could both find a default port free and pick it. Each stack
-therefore claims the ports it picks in ``<state dir>/ports/`` (one file per port, holding the
-claiming process id, created with O_EXCL); a port claimed by a live process is not picked again.
-Claims of dead processes are taken over.
+A stack's port variables are resolved when it is loaded, but the ports are bound only later
+(a service binds its port once it has started, the proxy binds a link's listen port when the link
+is created after its health check), so two stacks started at the same moment could both find a
+default port free and pick it. Each stack therefore claims the ports it picks:
+
+- a claim is an exclusive ``flock(2)`` on ``<claims dir>/<port>``; the claims dir is host-wide
+  (``/tmp/kvchaos-port-claims``, mode 1777, or ``$KVCHAOS_PORT_CLAIMS_DIR``), not under the state
+  dir, so runs with different ``KVCHAOS_STATE_DIR`` and different users see each other's claims;
+- the lock belongs to the open file, so it ends with the claiming process however that ends
+  (no stale claims, no pid reuse); files are never deleted (a delete could let two processes
+  lock two different files of one name);
+- one process may claim for several stacks: a claim has an ``owner`` (the stack's run dir), and
+  a port one owner holds is refused to another.
+
+Ports are picked from below the kernel's ephemeral range (``ip_local_port_range``), so an
+outgoing connection's source port cannot take one between the pick and the bind. A program that
+is not kvchaos can still bind a picked port first; the stack's identity check then reports it
+(exit 3, chaos/stack/local.py).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import random
+import socket
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
+__all__ = ["claim", "release", "holder", "owned", "claims_dir", "pick_port", "ephemeral_range"]
 
-from chaos.journal import state_dir
+_DEFAULT_DIR = "/tmp/kvchaos-port-claims"
+_lock = threading.Lock()
 
 
-def _claims_dir() -> Path:
-    d = state_dir() / "ports"
-    d.mkdir(parents=True, exist_ok=True)
+@dataclass
+class _Held:
+    fd: int
+    owner: str
+
+
+_held: dict[int, _Held] = {}
+
+
+def claims_dir() -> Path:
+    """The host-wide claims folder (created world-writable with the sticky bit, like /tmp)."""
+    d = Path(os.environ.get("KVCHAOS_PORT_CLAIMS_DIR") or _DEFAULT_DIR)
+    if not d.is_dir():
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chmod(d, 0o1777)
+        except PermissionError:  # made by another user in between
+            pass
     return d
 
 
-def _holder(path: Path) -> int | None:
-    try:
-        pid = int(path.read_text().strip() or "0")
-    except (OSError, ValueError):
-        return None
-    return pid if pid and psutil.pid_exists(pid) else None
+def _default_owner() -> str:
+    return f"pid-{os.getpid()}"
 
 
-def claim(port: int, owner: int | None = None) -> bool:
-    """Claim ``port`` for process ``owner`` (default: this process).
+def claim(port: int, owner: str | None = None) -> bool:
+    """Claim ``port`` for ``owner`` (default: this process).
 
     Returns:
-        True when the port is now ours (also when we held it already), False when a live
-        process holds it.
+        True when the port is now claimed by ``owner`` (also when it held it already); False when
+        another process, or another owner in this process, holds it.
     """
-    owner = owner or os.getpid()
-    path = _claims_dir() / str(port)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _holder(path)
-            if holder == owner:
-                return True
-            if holder is not None:
+    owner = owner or _default_owner()
+    path = claims_dir() / str(port)
+    with _lock:
+        held = _held.get(port)
+        if held is not None:
+            return held.owner == owner
+        for _ in range(3):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+                writable = True
+            except PermissionError:  # another user's claim file: a read-only fd can be locked too
+                fd = os.open(path, os.O_RDONLY)
+                writable = False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
                 return False
-            path.unlink(missing_ok=True)  # a dead process's claim
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(owner))
-        return True
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # the file was replaced between open and lock: lock the new one
+                os.close(fd)
+                continue
+            if writable:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid={os.getpid()} uid={os.getuid()} owner={owner}\n".encode(), 0)
+            _held[port] = _Held(fd, owner)
+            return True
     return False
 
 
-def release(ports: list[int], owner: int | None = None) -> None:
+def release(ports: list[int], owner: str | None = None) -> None:
     """Drop the claims ``owner`` (default: this process) holds on ``ports``."""
-    owner = owner or os.getpid()
-    for port in ports:
-        path = _claims_dir() / str(port)
-        if _holder(path) == owner:
-            path.unlink(missing_ok=True)
+    owner = owner or _default_owner()
+    with _lock:
+        for port in ports:
+            held = _held.get(port)
+            if held is not None and held.owner == owner:
+                del _held[port]
+                os.close(held.fd)  # closing the file ends the lock
+
+
+def holder(port: int) -> str | None:
+    """Who claims ``port`` (``"pid=N uid=U owner=..."``), or None when nobody does now."""
+    path = claims_dir() / str(port)
+    with _lock:
+        if port in _held:
+            return f"pid={os.getpid()} owner={_held[port].owner}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral (source) port range, from ``/proc/sys/net/ipv4/ip_local_port_range``
+    (Linux); ``(32768, 60999)``, Linux's default, where it cannot be read."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int, host: str) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(owner: str | None = None, avoid: set[int] | None = None, host: str = "127.0.0.1",
+              rng: random.Random | None = None) -> int:
+    """A port that is bindable on ``host`` now and is claimed for ``owner`` (:func:`claim`),
+    picked at random below the ephemeral range (from 20000, or 1024 when that range starts
+    lower); the kernel's pick (port 0) if 200 tries find none.
+
+    Raises:
+        OSError: no port could be found and claimed.
+    """
+    rng = rng or random.SystemRandom()
+    avoid = avoid or set()
+    low, _ = ephemeral_range()
+    start = 20000 if low > 21000 else 1024
+    for _ in range(200):
+        port = rng.randrange(start, low) if low > start else 0
+        if port == 0:
+            break
+        if port in avoid or not _bindable(port, host):
+            continue
+        if claim(port, owner):
+            if _bindable(port, host):
+                return port
+            release([port], owner)
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in avoid and claim(port, owner):
+            return port
+    raise OSError("could not find a free port to claim")
+
+
+def owned(owner: str | None = None) -> list[int]:
+    """The ports ``owner`` (default: this process) claims now."""
+    owner = owner or _default_owner()
+    with _lock:
+        return sorted(p for p, h in _held.items() if h.owner == owner)

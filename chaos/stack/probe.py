@@ -2,14 +2,22 @@
 
 A probe URL is ``http(s)://host:port/path`` (healthy on HTTP 2xx) or ``tcp://host:port``
 (healthy when a TCP connection opens).
+
+An answer proves nothing about *who* answered: on a shared host another stack's engine may hold
+the port. :func:`listeners` and :func:`group_pids` let the local backend check that the socket
+listening on the probed port belongs to the process it started (the listening socket's owner
+pid), which works for every service alike (the engine, LMCache, Redis, either proxy).
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 
 def probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
@@ -48,3 +56,74 @@ def probe_url_of(argv: list[str]) -> str | None:
     if len(argv) == 3 and argv[0].rsplit("/", 1)[-1] == "kvchaos" and argv[1] == "probe":
         return argv[2]
     return None
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A process listening on a TCP port: ``pid`` None when its owner is not visible to us
+    (another user's process, and we are not root)."""
+
+    pid: int | None
+    address: str
+    cmdline: str = ""
+
+    def describe(self) -> str:
+        """``pid 123 (redis-server --port 6379)`` or ``a process not visible to this user``."""
+        if self.pid is None:
+            return f"a process not visible to this user (listening on {self.address})"
+        return f"pid {self.pid} ({self.cmdline})" if self.cmdline else f"pid {self.pid}"
+
+
+def is_local_host(host: str | None) -> bool:
+    """True for addresses of this host's loopback or any-address (``127.x``, ``::1``,
+    ``localhost``, ``0.0.0.0``), whose listener the identity check can see."""
+    if not host:
+        return False
+    if host in ("localhost", "0.0.0.0", "::", "::1"):
+        return True
+    return host.startswith("127.")
+
+
+def listeners(port: int) -> list[Listener]:
+    """Every TCP socket listening on ``port`` (any address), with its process where visible.
+
+    Read through psutil (``/proc/net/tcp*`` and each process's fds on Linux).
+    """
+    out: list[Listener] = []
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return out
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port:
+            continue
+        cmd = ""
+        if c.pid:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline())[:200]
+            except psutil.Error:
+                pass
+        out.append(Listener(c.pid, f"{c.laddr.ip}:{c.laddr.port}", cmd))
+    return out
+
+
+def group_pids(pgid: int) -> set[int]:
+    """The live pids of process group ``pgid`` (a LocalStack service and its children)."""
+    pids = set()
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.info["pid"]) == pgid:
+                pids.add(p.info["pid"])
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return pids
+
+
+def url_host_port(url: str) -> tuple[str | None, int | None]:
+    """Host and port of a probe URL (port from the scheme's default for http/https)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        port = None
+    return parts.hostname, port

@@ -215,13 +215,25 @@ class Service(BaseModel):
         return {d: c.condition for d, c in self.depends_on.items()}
 
 
+class LinkEffect(BaseModel):
+    """A counter of the system under test that grows when its link misbehaves (e.g. the
+    engine's lookup timeouts for the engine->LMCache link): a Prometheus sample name at a
+    ``/metrics`` URL. Network faults report its growth over their window as ``effects``."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    metric: str
+
+
 class Link(BaseModel):
     """A TCP link through the fault proxy: clients connect to ``listen``, the proxy forwards to
-    ``upstream`` (both ``host:port``)."""
+    ``upstream`` (both ``host:port``); ``effects``: counters of the system under test on its
+    path (:class:`LinkEffect`)."""
 
     model_config = ConfigDict(extra="forbid")
     listen: str
     upstream: str
+    effects: list[LinkEffect] = Field(default_factory=list)
 
     @field_validator("listen", "upstream")
     @classmethod
@@ -341,9 +353,9 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
     Starts from ``environ`` (``os.environ`` when None). Every variable named ``*_PORT`` that has
     a literal default in the file (``${X_PORT:-1234}``) and is not set gets its default when that
     port is free on 127.0.0.1, else a free port picked by the kernel (``allocate_ports``), so
-    every reference to it resolves to the same port; chosen ports are claimed for this process
-    (chaos/stack/ports.py) so a concurrent kvchaos stack does not pick them too.
-    ``KVCHAOS_RUN_DIR`` is set to ``run_dir``.
+    every reference to it resolves to the same port; chosen ports are claimed host-wide for the
+    stack (chaos/stack/ports.py: owner ``run_dir``) so a concurrent kvchaos stack, of any state
+    dir or user, does not pick them too. ``KVCHAOS_RUN_DIR`` is set to ``run_dir``.
 
     Returns:
         The variables (a new dict).
@@ -352,20 +364,30 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
     if run_dir is not None:
         env["KVCHAOS_RUN_DIR"] = str(run_dir)
     taken: set[int] = set()
+    owner = port_owner(run_dir)
     for name, default in defaults_in(raw).items():
         if not name.endswith("_PORT") or env.get(name):
             continue
         port = int(default) if default.isdigit() else 0
         if allocate_ports:
-            from chaos.stack.ports import claim
+            from chaos.stack.ports import claim, pick_port, release
 
             # Claimed across kvchaos processes: a port bound only later (a proxy link) is not
-            # picked by two stacks starting at once.
-            while port == 0 or port in taken or not port_is_free(port) or not claim(port):
-                port = free_port(avoid=taken)
+            # picked by two stacks starting at once. Claim first, then check it is free.
+            if port == 0 or port in taken or not claim(port, owner):
+                port = pick_port(owner, avoid=taken)
+            elif not port_is_free(port):
+                release([port], owner)
+                port = pick_port(owner, avoid=taken)
         taken.add(port)
         env[name] = str(port)
     return env
+
+
+def port_owner(run_dir: Path | None) -> str | None:
+    """The owner name of a stack's port claims (chaos/stack/ports.py): its run dir, or None
+    (this process) for a stack without one."""
+    return None if run_dir is None else f"stack:{Path(run_dir).resolve()}"
 
 
 class StackSpec:

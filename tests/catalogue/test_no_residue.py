@@ -63,6 +63,14 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _same_process_alive(pid: int, created: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - created) < 1 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _mounts_under(root: Path) -> list[str]:
     root_s = str(root.resolve())
     lines = Path("/proc/mounts").read_text().splitlines()
@@ -80,7 +88,7 @@ def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
             "hook"} <= kinds
     t0 = time.time()
     pool = StackPool("local", tmp_path / "stacks")
-    pids: list[int] = []
+    pids: list[tuple[int, float]] = []  # (pid, create time): a pid may be reused on a busy host
     try:
         stack = pool.acquire(STACK, scenario.stack_variables())
         result = run_scenario(scenario, stack, tmp_path / "run", run_id="residue-run", timeout_s=300)
@@ -100,7 +108,7 @@ def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
         for name, st in stack.status().items():
             assert st.state == "running", f"{name} is {st.state}"
             for proc in _tree(st.pid):
-                pids.append(proc.pid)
+                pids.append((proc.pid, proc.create_time()))
                 assert proc.status() != psutil.STATUS_STOPPED, f"{name} pid {proc.pid} left paused"
         assert open_entries(Path(stack.journal.path).parent / "residue-run.jsonl") == []
     finally:
@@ -108,7 +116,7 @@ def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
 
     # The stack is down: no mount, no process, no journal entry of anything.
     assert _mounts_under(tmp_path) == []
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p, created in pids if _same_process_alive(p, created)]
     assert alive == [], f"processes of the stack still running: {alive}"
     left = {str(j): open_entries(j) for j in all_journals() if j.stat().st_mtime >= t0}
     assert not any(left.values()), left

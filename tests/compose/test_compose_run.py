@@ -92,9 +92,12 @@ def test_sigint_mid_run_leaves_nothing(image, docker, tmp_path):
                 c.status == "running" and c.labels.get("com.docker.compose.service") == "engine"
                 for c in docker.containers.list(filters={"label": "com.docker.compose.project"})):
             time.sleep(1)
-        time.sleep(5)  # the stack is up; the scenario is running
+        # The scenario is running once its history has a record (an event, not a guess).
+        while time.monotonic() < deadline and not any(
+                h.stat().st_size for h in (tmp_path / "reports").glob("node-exit-lmcache*/history.jsonl")):
+            time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -155,7 +155,7 @@ def test_ctrl_c_of_a_real_process_leaves_nothing(docker, leftovers, redis_stack_
         assert proc.stdout.readline().strip() == "up"
         assert leftovers(project_name(run_id))["containers"]
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+        proc.wait(timeout=300)  # a margin for compose down on a loaded machine
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,12 +7,13 @@ from collections.abc import Iterator
 import pytest
 
 from chaos.proxy.client import ToxiproxyClient
-from kvchaos_support import ServerThread, Upstream, echo as echo_handler
+from kvchaos_support import Upstream, echo as echo_handler, proxy_server
 
 
-@pytest.fixture
-def proxy() -> Iterator[ToxiproxyClient]:
-    server = ServerThread()
+@pytest.fixture(params=["bundled", "real"])
+def proxy(request: pytest.FixtureRequest) -> Iterator[ToxiproxyClient]:
+    """A client of the bundled proxy and of the real Toxiproxy (each test runs against both)."""
+    server = proxy_server("asyncio" if request.param == "bundled" else "real")
     try:
         with ToxiproxyClient(server.url, timeout_s=5) as client:
             yield client

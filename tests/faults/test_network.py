@@ -73,28 +73,63 @@ def test_each_toxic_kind_round_trips_through_the_proxy(proxy, link, kind):
     assert fault.heal(ctx) == {"link": LINK, "toxic": f"{kind}-0", "removed": False, "absent": True}
 
 
-def test_latency_bites_and_says_so(proxy, link):
+@pytest.fixture
+def real(request: pytest.FixtureRequest) -> bool:
+    """True when the test runs against the real Toxiproxy (no per-toxic counters)."""
+    return request.node.callspec.params["proxy"] == "real"
+
+
+def _source(real: bool) -> str:
+    return "stream bytes" if real else "toxic counter"
+
+
+def test_latency_bites_and_says_so(proxy, link, real):
     fault = _fault("latency", latency_ms=300)
     ctx = FaultContext(proxy=proxy)
     fault.apply(ctx)
     assert fault.evidence(ctx)["bit"] is False  # no connection yet
-    got, took = _roundtrip(link)
-    assert got == b"ping" and took >= 0.29
-    ev = fault.evidence(ctx)
-    assert ev == {"bit": True, "acted_on": 1}
+    host, port = link.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as open_conn:  # stays open
+        t0 = time.monotonic()
+        open_conn.sendall(b"ping")
+        assert open_conn.recv(4) == b"ping" and time.monotonic() - t0 >= 0.29
+        ev = fault.evidence(ctx)
+        assert ev["bit"] is True and ev["source"] == _source(real)
+        if real:  # b"ping" came back through it, on a connection that is still open
+            assert ev["acted_on"] is None and ev["stream"]["bytes_in"] == 4
+        else:
+            assert ev["acted_on"] == 1
     fault.heal(ctx)
     assert fault.evidence(ctx)["bit"] is True  # still known after heal
     got, took = _roundtrip(link)
     assert got == b"ping" and took < 0.25
 
 
-def test_toxicity_zero_never_bites(proxy, link):
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+@pytest.mark.parametrize("stream", ["upstream", "downstream"])
+def test_every_toxic_kind_bites_on_traffic_in_its_window(proxy, link, real, kind, stream):
+    fields, _ = EXAMPLES[kind]
+    fault = _fault(kind, **fields, stream=stream)
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    _roundtrip(link, b"x" * 64, timeout=3)  # cut, reset, held or slowed: it met the toxic
+    fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is True and ev["source"] == _source(real), ev
+
+
+def test_toxicity_zero_never_bites(proxy, link, real):
     fault = _fault("timeout", timeout_ms=0, toxicity=0.0)
     ctx = FaultContext(proxy=proxy)
     fault.apply(ctx)
     assert _roundtrip(link)[0] == b"ping"
     fault.heal(ctx)
-    assert fault.evidence(ctx) == {"bit": False, "acted_on": 0}
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is False
+    if real:  # bytes moved, but nothing says the toxic's roll picked their connection
+        assert ev["stream"]["bytes"] > 0 and "toxicity" in ev["reason"]
+    else:
+        assert ev["acted_on"] == 0
 
 
 def test_counts_from_an_earlier_toxic_of_the_same_name_do_not_count(proxy, link):
@@ -107,18 +142,70 @@ def test_counts_from_an_earlier_toxic_of_the_same_name_do_not_count(proxy, link)
     second.apply(ctx)
     second.heal(ctx)
     assert first.evidence(ctx)["bit"] is True
-    assert second.evidence(ctx) == {"bit": False, "acted_on": 0}
+    ev = second.evidence(ctx)
+    assert ev["bit"] is False and ev["acted_on"] in (0, None)
 
 
-def test_link_down_refuses_then_heals(proxy, link):
+def test_bytes_outside_the_window_never_count(proxy, link, echo, real):
+    """A connection that carried bytes before the toxic and closes while it is in place (the
+    real server adds its bytes to toxiproxy_proxy_received_bytes_total at that close), and a
+    connection straight to the upstream (not through the proxy): neither is a bite."""
+    host, port = link.rsplit(":", 1)
+    early = socket.create_connection((host, int(port)), timeout=5)
+    early.sendall(b"y" * 10_000)
+    got = b""
+    while len(got) < 10_000:
+        got += early.recv(65536)
+    fault = _fault("latency", latency_ms=1, stream="downstream")
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    early.close()
+    uhost, uport = echo.address.rsplit(":", 1)
+    with socket.create_connection((uhost, int(uport)), timeout=5) as direct:
+        direct.sendall(b"z" * 1000)
+        direct.recv(65536)
+    deadline = time.monotonic() + 5
+    while real and proxy.metrics_text().count('direction="downstream"') == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the real server counts the early connection's bytes at its close
+    if real:
+        assert 'toxiproxy_proxy_received_bytes_total{direction="downstream"' in proxy.metrics_text()
+    fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is False, ev
+    if real:
+        assert ev["stream"]["connections_closed"] == 1 and ev["stream"]["bytes"] == 0
+
+
+def test_link_down_cuts_an_open_connection_then_heals(proxy, link):
     fault = _fault("link_down")
     ctx = FaultContext(proxy=proxy)
+    host, port = link.rsplit(":", 1)
+    held = socket.create_connection((host, int(port)), timeout=5)
+    held.sendall(b"hi")
+    assert held.recv(2) == b"hi"
     assert fault.apply(ctx) == {"link": LINK, "enabled": False}
     with pytest.raises(OSError):
         _roundtrip(link, timeout=1)
+    held.settimeout(5)
+    try:
+        assert held.recv(10) == b""  # the disable closed it
+    except ConnectionResetError:
+        pass
+    held.close()
     assert fault.heal(ctx) == {"link": LINK, "enabled": True}
     assert _roundtrip(link)[0] == b"ping"
-    assert fault.evidence(ctx) == {"bit": True, "disabled": True}
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is True and ev["disabled"] is True and ev["connections_cut"] == 1, ev
+    assert ev["refusing"] is True
+
+
+def test_link_down_with_no_connection_did_not_bite(proxy, link):
+    fault = _fault("link_down")
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is False and "no connection" in ev["reason"], ev
 
 
 def test_no_proxy_is_a_clear_error():
@@ -142,6 +229,9 @@ class _NoCounters:
     def remove_toxic(self, *a):
         return None
 
+    def get_proxy(self, name):
+        raise RuntimeError("no such API")
+
     def metrics_text(self):
         return "# HELP toxiproxy_proxy_connections_total x\n"
 
@@ -163,7 +253,69 @@ def test_get_kind_classes_have_params_models():
 def test_a_stale_toxic_of_the_same_name_is_replaced(proxy, link):
     proxy.add_toxic(LINK, "latency", {"latency": 5000}, name="latency-0")
     fault = _fault("latency", latency_ms=1)
-    applied = fault.apply(FaultContext(proxy=proxy))
+    ctx = FaultContext(proxy=proxy)
+    applied = fault.apply(ctx)
     assert applied["replaced_stale_toxic"] is True
     (toxic,) = proxy.toxics(LINK)
     assert toxic.attributes["latency"] == 1
+    fault.heal(ctx)
+
+
+def test_limit_data_on_a_transfer_under_way_bites_even_when_the_cut_lands_during_the_add(proxy, real):
+    """A stream already flowing when limit_data is added is cut within milliseconds, possibly
+    before the add returns (and the connection is gone from every later socket sample): the
+    bytes it read after the sample taken just before the add still count."""
+    import threading
+
+    def stream_forever(conn: socket.socket) -> None:
+        while True:
+            conn.sendall(b"s" * 65536)
+            time.sleep(0.002)
+
+    from kvchaos_support import Upstream
+
+    up = Upstream(stream_forever)
+    try:
+        p = proxy.create_proxy("busy", "127.0.0.1:0", up.address)
+        host, port = p.listen.rsplit(":", 1)
+        conn = socket.create_connection((host, int(port)), timeout=5)
+        stop = threading.Event()
+
+        def drain() -> None:
+            try:
+                while not stop.is_set() and conn.recv(1 << 20):
+                    pass
+            except OSError:
+                pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        time.sleep(0.2)  # the transfer is under way
+        fault = _fault("limit_data", link="busy", bytes=1000)
+        ctx = FaultContext(proxy=proxy)
+        fault.apply(ctx)
+        reader.join(5)
+        assert not reader.is_alive(), "the toxic did not cut the transfer"
+        fault.heal(ctx)
+        ev = fault.evidence(ctx)
+        assert ev["bit"] is True and ev["source"] == _source(real), ev
+        stop.set()
+        conn.close()
+    finally:
+        up.close()
+
+
+def test_a_fault_never_healed_leaves_no_watcher_behind(proxy, link):
+    """The kernel watch of a fault's window (ss -E) ends with the fault object."""
+    import gc
+
+    import psutil
+
+    fault = _fault("latency", latency_ms=1)
+    fault.apply(FaultContext(proxy=proxy))
+    watch = fault._window._watch
+    pid = watch.proc.pid if watch is not None and watch.proc is not None else None
+    del fault, watch
+    gc.collect()
+    if pid is not None:  # (None: no root or no stdbuf, no watch was started)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

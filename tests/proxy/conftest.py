@@ -8,20 +8,28 @@ from collections.abc import Iterator
 import pytest
 
 from chaos.proxy.client import ToxiproxyClient
-from kvchaos_support import ServerThread, Upstream, echo
+from kvchaos_support import ServerThread, Upstream, echo, proxy_server
 
 
-@pytest.fixture(params=["asyncio", "uvloop"])
+@pytest.fixture(params=["asyncio", "uvloop", "real"])
 def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
-    """A running server on each event loop the CLI can pick (plain asyncio and uvloop)."""
-    s = ServerThread(loop=request.param)
+    """A running server: the bundled proxy on each event loop the CLI can pick (plain asyncio
+    and uvloop), and the real Toxiproxy (the differential half: the same API and data-plane
+    tests against both servers; skipped only where no toxiproxy-server binary is found)."""
+    s = proxy_server(request.param)
     yield s
     s.close()
 
 
 @pytest.fixture
+def real(request: pytest.FixtureRequest) -> bool:
+    """True when the test runs against the real Toxiproxy."""
+    return getattr(request.node, "callspec", None) is not None and request.node.callspec.params.get("server") == "real"
+
+
+@pytest.fixture
 def client(server: ServerThread) -> Iterator[ToxiproxyClient]:
-    with ToxiproxyClient(server.url, timeout_s=5) as c:
+    with ToxiproxyClient(server.url, timeout_s=60) as c:
         yield c
 
 

@@ -80,8 +80,9 @@ def test_populate_creates_keeps_and_replaces(client, echo_upstream):
                              {"name": "b", "listen": "127.0.0.1:0",
                               "upstream": echo_upstream.address, "enabled": False}])
     assert [p.name for p in again] == ["a", "b"]
-    assert again[0].listen == listen and len(again[0].toxics) == 1
-    assert again[1].enabled is False
+    kept = client.get_proxy("a")  # (the answer's shape differs: tests/proxy/test_compat.py)
+    assert kept.listen == listen and len(kept.toxics) == 1
+    assert client.get_proxy("b").enabled is False
     # Different upstream: replaced (toxics gone).
     replaced = client.populate([{"name": "a", "listen": listen, "upstream": "127.0.0.1:1"}])
     assert replaced[0].upstream == "127.0.0.1:1" and replaced[0].toxics == []
@@ -115,8 +116,11 @@ def test_unreachable_server_raises_status_zero_quickly():
         assert time.perf_counter() - t0 < 2
 
 
-def test_metrics_evidence(client, echo_upstream, net):
+def test_metrics_evidence(client, echo_upstream, net, real):
     p = client.create_proxy("echo", "127.0.0.1:0", echo_upstream.address)
+    if real:
+        _real_metrics(client, p, net)
+        return
     client.add_toxic("echo", "latency", {"latency": 1}, name="lag")
     client.add_toxic("echo", "latency", {"latency": 1}, name="never", toxicity=0.0)
     for _ in range(3):
@@ -148,3 +152,22 @@ def test_metrics_helpers_on_a_server_without_them(server):
     with NoMetrics() as c:
         assert c.metrics_text() is None
         assert c.toxic_connection_counts() is None
+
+
+def _real_metrics(client, p, net) -> None:
+    """The real server (-proxy-metrics): no per-toxic counter; bytes per proxy and direction,
+    added when a connection ends (what chaos/faults/network.py builds its evidence on)."""
+    client.add_toxic("echo", "latency", {"latency": 1}, name="lag")
+    s = net.connect(p.listen)
+    s.sendall(b"0123456789")
+    assert net.recv_exact(s, 10) == b"0123456789"
+    assert "toxiproxy_proxy_received_bytes_total" not in client.metrics_text()  # still open
+    s.close()
+    import time
+
+    deadline = time.monotonic() + 10
+    while "toxiproxy_proxy_received_bytes_total" not in client.metrics_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = client.metrics_text()
+    assert client.toxic_connection_counts() == {}
+    assert 'direction="upstream"' in text and 'proxy="echo"' in text

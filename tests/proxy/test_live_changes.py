@@ -7,9 +7,13 @@ lost, duplicated or reordered) and the rate seen at the far end must follow the 
 
 from __future__ import annotations
 
+import array
+import fcntl
 import hashlib
 import os
+import select
 import socket
+import termios
 import threading
 import time
 
@@ -19,6 +23,9 @@ from chaos.proxy import link as link_module
 
 POOL = os.urandom(1 << 20)
 BLOCK = 32 * 1024
+#: Bytes a capped stream may deliver beyond its rate in a window: what sits between the toxic
+#: and the far socket (one block, the proxy's send queue) when the window opens.
+SLACK = 256 * 1024
 
 
 class Stream:
@@ -53,19 +60,42 @@ class Sink:
         self.sock = sock
         self.got = hashlib.sha256()
         self.count = 0
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while data := self.sock.recv(1 << 20):
-            self.got.update(data)
-            self.count += len(data)
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], 0.05)
+            if not ready:
+                continue
+            with self.lock:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    return
+                self.got.update(data)
+                self.count += len(data)
+
+    def arrived(self) -> int:
+        """Bytes that reached this socket: read so far plus still queued (FIONREAD), taken
+        together, so a reader starved by a loaded machine does not change the count."""
+        with self.lock:
+            queued = array.array("i", [0])
+            fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, queued)
+            return self.count + queued[0]
 
     def rate(self, seconds: float) -> float:
         """Bytes per second received over the next ``seconds``."""
         start = self.count
         time.sleep(seconds)
         return (self.count - start) / seconds
+
+    def arrived_over(self, seconds: float) -> tuple[int, float]:
+        """(bytes that arrived, seconds that really passed) over at least ``seconds`` (a sleep
+        on a loaded machine lasts longer than asked)."""
+        start, t0 = self.arrived(), time.monotonic()
+        time.sleep(seconds)
+        return self.arrived() - start, time.monotonic() - t0
 
 
 @pytest.fixture(autouse=True, params=["splice", "plain"])
@@ -132,26 +162,35 @@ def finish(stream: Stream, sink: Sink) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("direction", ["upstream", "downstream"])
 def test_bandwidth_added_and_removed_mid_stream(client, request, direction):
+    """The cap is an upper bound on bytes over real elapsed time, whatever the machine's load
+    (a starved reader only lowers the rate); that an update or a removal lifted it shows as
+    more bytes than the old cap allows over the same kind of window."""
     stream, sink = request.getfixturevalue(f"{direction}_stream")
-    fast = sink.rate(0.3)
+
+    def most(rate: float, seconds: float) -> float:
+        return 1.3 * rate * seconds + SLACK
+
     client.add_toxic("live", "bandwidth", {"rate": 300}, stream=direction)  # 300 KB/s
-    time.sleep(0.2)
-    limited = sink.rate(0.6)
-    assert 0.6 * 300e3 <= limited <= 1.4 * 300e3, limited
-    client.update_toxic("live", f"bandwidth_{direction}", {"rate": 900})
-    time.sleep(0.2)
-    assert 0.6 * 900e3 <= sink.rate(0.6) <= 1.4 * 900e3
+    time.sleep(0.3)  # what was in flight at the add drains
+    limited, t = sink.arrived_over(1.0)
+    assert 0 < limited <= most(300e3, t), (limited, t)
+    client.update_toxic("live", f"bandwidth_{direction}", {"rate": 3000})
+    time.sleep(0.3)
+    raised, t = sink.arrived_over(1.0)
+    assert most(300e3, t) < raised <= most(3000e3, t), (raised, t)
     client.remove_toxic("live", f"bandwidth_{direction}")
-    time.sleep(0.2)
-    restored = sink.rate(0.3)
-    assert restored > 20 * 900e3, (fast, restored)
-    assert restored > 0.2 * fast, (fast, restored)
+    time.sleep(0.3)
+    restored, t = sink.arrived_over(1.0)
+    assert restored > most(3000e3, t), (restored, t)
     finish(stream, sink)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("direction", ["upstream", "downstream"])
-def test_every_change_keeps_every_byte(client, request, direction):
+def test_every_change_keeps_every_byte(client, request, direction, real):
+    if real:
+        pytest.skip("the real server's API hangs (HTTP 503 after 25 s) removing a toxic from this chain "
+                    "under a continuous stream: Shopify/toxiproxy#558, docs/toxiproxy-compat.md")
     stream, sink = request.getfixturevalue(f"{direction}_stream")
     time.sleep(0.1)
     steps = [

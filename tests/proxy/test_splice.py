@@ -13,6 +13,12 @@ import time
 
 import pytest
 
+
+@pytest.fixture(autouse=True)
+def _bundled_only(real):
+    if real:
+        pytest.skip("splice(2) is the bundled proxy's own fast path")
+
 from chaos.proxy import link as link_module
 
 pytestmark = pytest.mark.skipif(not link_module.SPLICE, reason="splice(2) is Linux-only")

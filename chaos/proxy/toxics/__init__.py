@@ -7,6 +7,7 @@ from chaos.proxy.toxics import (  # noqa: F401  (imported to register each type)
     bandwidth,
     latency,
     limit_data,
+    noop,
     reset_peer,
     slicer,
     slow_close,

@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 if TYPE_CHECKING:
     from chaos.proxy.link import ToxicLink
@@ -51,6 +51,9 @@ class Chunk:
 
 Emit = Callable[[Chunk], Awaitable[None]]
 
+#: Bounds of Go's int64, the type of every integer toxic attribute in Toxiproxy.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 class Toxic(BaseModel):
     """Settings of one toxic type (the API's ``attributes``) plus its behaviour hooks.
@@ -61,6 +64,14 @@ class Toxic(BaseModel):
     """
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    @model_validator(mode="after")
+    def _int64(self) -> "Toxic":
+        # Go decodes every integer attribute into an int64: a value outside it is a 400 there.
+        for name, value in self:
+            if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+                raise ValueError(f"{name}: {value} does not fit in an int64")
+        return self
 
     type_name: ClassVar[str] = ""
     # True: every chunk through an active stub counts as the toxic acting on the connection

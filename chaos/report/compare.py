@@ -1,0 +1,104 @@
+"""Compare the verdicts of two runs of the same scenarios (e.g. the bundled proxy against the
+real Toxiproxy, or a quiet machine against a loaded one).
+
+    python -m chaos.report.compare REPORTS_A REPORTS_B [--require-bitten]
+
+Each folder holds run folders (``<run-id>/result.json``, as ``kvchaos run --report-dir`` and
+``pytest -m chaos --kvchaos-report-dir`` write them). A scenario that ran more than once in a
+folder counts with its last run. Prints one line per scenario whose verdict (or exit code)
+differs, or that ran in only one folder, and, with ``--require-bitten``, every fault that did
+not bite; exit status 0 when there is none, 1 otherwise, 2 when a folder holds no run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ScenarioOutcome", "load_outcomes", "compare", "main"]
+
+
+@dataclass
+class ScenarioOutcome:
+    """One scenario's last run in a report folder."""
+
+    scenario: str
+    verdict: str
+    exit_code: int
+    run_id: str
+    started_at: str = ""
+    not_bitten: list[str] = field(default_factory=list)  # "fault_id (kind): reason"
+    error: str | None = None
+    total_s: float | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.verdict, self.exit_code
+
+
+def load_outcomes(report_dir: Path) -> dict[str, ScenarioOutcome]:
+    """``{scenario: outcome}`` from every ``*/result.json`` under ``report_dir`` (the last run of
+    each scenario by start time)."""
+    out: dict[str, ScenarioOutcome] = {}
+    for path in sorted(Path(report_dir).glob("*/result.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if "scenario" not in r or "verdict" not in r:
+            continue
+        bad = [f"{f.get('fault_id')} ({f.get('kind')}): "
+               f"{(f.get('evidence') or {}).get('reason') or f.get('error') or 'did not bite'}"
+               for f in r.get("faults") or [] if not f.get("bit")]
+        o = ScenarioOutcome(r["scenario"], r["verdict"], int(r.get("exit_code", -1)), r.get("run_id", path.parent.name),
+                            r.get("started_at") or "", bad, r.get("error"),
+                            (r.get("durations") or {}).get("total_s"))
+        prev = out.get(o.scenario)
+        if prev is None or o.started_at >= prev.started_at:
+            out[o.scenario] = o
+    return out
+
+
+def compare(a: dict[str, ScenarioOutcome], b: dict[str, ScenarioOutcome],
+            require_bitten: bool = False) -> list[str]:
+    """Lines describing each difference (empty: the same verdicts)."""
+    lines = []
+    for name in sorted(set(a) | set(b)):
+        x, y = a.get(name), b.get(name)
+        if x is None or y is None:
+            lines.append(f"{name}: ran only in {'the second' if x is None else 'the first'} folder")
+            continue
+        if x.key != y.key:
+            why = "; ".join(filter(None, [y.error and y.error.splitlines()[0], *y.not_bitten[:2]]))
+            lines.append(f"{name}: {x.verdict} (exit {x.exit_code}) vs {y.verdict} (exit {y.exit_code})"
+                         + (f": {why}" if why else ""))
+        if require_bitten:
+            for side, o in (("first", x), ("second", y)):
+                lines += [f"{name}: in the {side} folder, fault {f}" for f in o.not_bitten]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; see the module doc."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    require = "--require-bitten" in args
+    args = [a for a in args if a != "--require-bitten"]
+    if len(args) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    a, b = load_outcomes(Path(args[0])), load_outcomes(Path(args[1]))
+    for folder, got in zip(args, (a, b)):
+        if not got:
+            print(f"error: no run (*/result.json) in {folder}", file=sys.stderr)
+            return 2
+    lines = compare(a, b, require)
+    for line in lines:
+        print(line)
+    print(f"{len(set(a) | set(b))} scenarios, {len(lines)} difference(s)")
+    return 1 if lines else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
