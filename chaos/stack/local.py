@@ -30,7 +30,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 from chaos.journal import Journal
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import service_environment
-from chaos.stack.probe import probe, probe_url_of
+from chaos.stack.probe import foreign_listener, probe, probe_url_of
 from chaos.stack.spec import Service, StackSpec, load_stack
 
 #: How long ``kill(..., "SIGKILL")`` waits for the process group to disappear (s).
@@ -330,6 +330,14 @@ class LocalStack(Stack):
         url = probe_url_of(argv)
         if url is not None:
             ok, _ = probe(url, timeout_s=hc.timeout)
+            if ok:
+                other = foreign_listener(url, proc.pgid)
+                if other is not None:
+                    raise StackError(
+                        f"service {name!r}: its health check {url} is answered by another "
+                        f"process, {other}, not by the service (the port was taken before it "
+                        "could bind it; another stack on this host?)", name,
+                        log_tail(self.log_dir / f"{name}.log"))
             return ok
         env = service_environment(self.spec.services[name].env(), base=self.env)
         try:

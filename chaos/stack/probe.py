@@ -43,6 +43,50 @@ def probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
     raise ValueError(f"unsupported probe URL {url!r} (use http://, https:// or tcp://)")
 
 
+def foreign_listener(url: str, pgid: int) -> str | None:
+    """Who serves ``url``'s port, when it is not the process group ``pgid``.
+
+    A health check that passes proves only that *something* answers on the port. On a shared
+    host another stack's process can hold a default port that this stack's service then fails
+    to bind; its health check would pass on the other process, and the run would test the
+    wrong server. This reads the kernel's listening sockets (psutil) to tell.
+
+    Args:
+        url: the probed ``http(s)://`` or ``tcp://`` URL.
+        pgid: the service's process group.
+
+    Returns:
+        ``"pid N (command)"`` of a listener on the port outside ``pgid``, when the port's
+        listeners are known and none of them is in ``pgid``; None when one of them is in
+        ``pgid``, or when the owners cannot be read (no permission: the check is skipped).
+    """
+    import os
+
+    import psutil
+
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    if port is None:
+        return None
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, PermissionError, OSError):
+        return None
+    pids = {c.pid for c in conns
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+    if not pids or None in pids:
+        return None
+    foreign = []
+    for pid in sorted(pids):
+        try:
+            if os.getpgid(pid) == pgid:
+                return None
+            foreign.append(f"pid {pid} ({' '.join(psutil.Process(pid).cmdline())[:120]})")
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return ", ".join(foreign) or None
+
+
 def probe_url_of(argv: list[str]) -> str | None:
     """The URL when ``argv`` is ``kvchaos probe URL`` (so it can run in-process), else None."""
     if len(argv) == 3 and argv[0].rsplit("/", 1)[-1] == "kvchaos" and argv[1] == "probe":
