@@ -287,6 +287,8 @@ class LocalStack(Stack):
         if proxy is not None and proxy.service in names:
             try:
                 self.populate_links()
+            except StackError:
+                raise
             except Exception as exc:  # the proxy answered health but not the API
                 raise StackError(f"could not create the proxy links on {proxy.api}: {exc}",
                                  proxy.service, log_tail(self.log_dir / f"{proxy.service}.log")) from exc
