@@ -32,11 +32,12 @@ def _add_layer_commands() -> None:
     commands so that `kvchaos --help` stays fast."""
     from chaos.engine.cli import app as engine_app
     from chaos.proxy.cli import app as proxy_app
-    from chaos.scenario.cli import list_scenarios, schema, validate
+    from chaos.scenario.cli import findings, list_scenarios, schema, validate
 
     app.command("validate")(validate)
     app.command("schema")(schema)
     app.command("list")(list_scenarios)
+    app.command("findings")(findings)
     from chaos.zoo import zoo
 
     app.command("zoo")(zoo)

@@ -154,7 +154,10 @@ class ScenarioItem(pytest.Item):
             result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600)
             self._pool().release(Path(self.scenario.stack), result)
         elapsed = time.monotonic() - t0
-        self.config.stash[_TIMES_KEY].append((self.scenario.name, elapsed, result.verdict))
+        xfail = result.xfail
+        self.config.stash[_TIMES_KEY].append(
+            (self.scenario.name, elapsed, result.verdict,
+             (xfail.outcome, xfail.upstream or "") if xfail is not None else None))
         self.user_properties.append(("report", str(run_dir / "report.html")))
         if result.error:
             raise ScenarioFailure(f"could not run: {result.error.splitlines()[0]}\nreport: {run_dir}/report.html")
@@ -177,6 +180,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if not times:
         return
     terminalreporter.section("kvchaos scenario times")
-    for name, seconds, verdict in times:
+    for name, seconds, verdict, _ in times:
         terminalreporter.write_line(f"{seconds:7.1f}s  {verdict:8s}  {name}")
-    terminalreporter.write_line(f"{sum(s for _, s, _ in times):7.1f}s  total")
+    terminalreporter.write_line(f"{sum(t[1] for t in times):7.1f}s  total")
+    known = [(name, xf) for name, _, _, xf in times if xf is not None]
+    if known:
+        # Known upstream bugs (xfail): an XPASS means the bug no longer shows (fixed upstream,
+        # or the scenario stopped reaching it); `kvchaos findings` lists them all.
+        terminalreporter.section("kvchaos known upstream bugs")
+        for name, (outcome, upstream) in known:
+            word = {"xfailed": "XFAIL", "xpassed": "XPASS"}.get(outcome or "", "inconclusive")
+            terminalreporter.write_line(f"{word:12s}  {name}  ({upstream or 'upstream not set'})")

@@ -57,7 +57,7 @@ ZOO_MAP: dict[str, list[str]] = {
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
 #: failed a check; "error": the stack did not start; "-": not run.
-Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "error", "-"]
+Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "xpass", "error", "-"]
 
 EXIT_OK = 0
 EXIT_ZOO_FAILED = 1
@@ -70,16 +70,18 @@ def cell_for(verdict: str, *, planted: bool, xfail: bool = False, error: bool = 
         verdict: the run's verdict, "passed", "failed" or "unknown" (inconclusive).
         planted: whether the run's engine had a planted bug (a bug row) or not (the clean row).
         xfail: the scenario is marked ``xfail`` (a known upstream bug): its failure is not the
-            engine's, so it neither catches a planted bug nor fails the clean engine.
+            engine's, so it neither catches a planted bug nor fails the clean engine; when all
+            its checks pass the cell is "xpass" (the bug no longer shows: fixed upstream?).
         error: the run could not start (infrastructure error).
 
     Returns:
-        "error", "xfail", "inconclusive", "passed", or "caught" (bug row) / "failed" (clean row).
+        "error", "xfail", "xpass", "inconclusive", "passed", or "caught" (bug row) / "failed"
+        (clean row).
     """
     if error:
         return "error"
     if xfail:
-        return "xfail"
+        return "xpass" if verdict == "passed" else "xfail"
     if verdict == "passed":
         return "passed"
     if verdict == "failed":
@@ -131,7 +133,7 @@ class ZooMatrix:
 
     def clean_failures(self) -> list[str]:
         """Scenarios the clean engine did not pass (failed, inconclusive or error)."""
-        return [s for s, c in self.cells.get(CLEAN, {}).items() if c not in ("passed", "xfail")]
+        return [s for s, c in self.cells.get(CLEAN, {}).items() if c not in ("passed", "xfail", "xpass")]
 
     def exit_code(self) -> int:
         """0 when every planted bug row is caught by some scenario and the clean engine passes
@@ -157,7 +159,8 @@ class ZooMatrix:
         head = ["engine \\ scenario", *self.columns]
         lines = ["# Bug zoo", "",
                  "Cells: caught (a planted bug failed a check), passed, failed (the clean engine "
-                 "failed), inconclusive (a fault never bit), xfail (known upstream bug), error "
+                 "failed), inconclusive (a fault never bit), xfail (known upstream bug), xpass (a known "
+                 "upstream bug no longer shows: fixed upstream?), error "
                  "(stack did not start), - (not run).", "",
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:

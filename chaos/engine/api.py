@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chaos.engine.protocol import CompletionRequest, PreemptHook, StallHook, error_body
+from chaos.engine.protocol import CompletionRequest, LMCacheCallHook, PreemptHook, StallHook, error_body
 from chaos.engine.request import Request, TokenEvent
 from chaos.engine.scheduler import EngineCore, RequestRejected
 from chaos.engine.tokenizer import ByteTokenizer
@@ -154,6 +154,17 @@ def create_app(core: EngineCore) -> FastAPI:
                 core.hook("stall", (body.point, body.seconds, body.count)))
         except ValueError as exc:
             return _bad_request(str(exc), "point")
+        return JSONResponse(res)
+
+    @app.post("/hooks/lmcache")
+    async def hook_lmcache(body: LMCacheCallHook) -> JSONResponse:
+        try:
+            res = await asyncio.wrap_future(
+                core.hook("lmcache", (body.call, body.request_id, body.tokens)))
+        except ValueError as exc:
+            return _bad_request(str(exc), "call")
+        except RuntimeError as exc:
+            return JSONResponse(error_body(str(exc), 503, "ServiceUnavailableError"), status_code=503)
         return JSONResponse(res)
 
     @app.post("/reset_prefix_cache")

@@ -380,6 +380,65 @@ class LMCacheConnector:
                 continue
             self._send_or_defer(request_id, is_free, send)
 
+    # ---- raw adapter calls (fault hook ``POST /hooks/lmcache``) -------------------------
+    RAW_CALLS = ("free_lookup_locks", "lookup_then_end_session")
+
+    @staticmethod
+    def raw_prompt(request_id: str, tokens: int) -> list[int]:
+        """``tokens`` token ids (0..255) derived from ``request_id``: the same ids for the same
+        id, and (with overwhelming probability) no prefix any workload stored."""
+        import hashlib
+        import random
+
+        rng = random.Random(hashlib.blake2b(request_id.encode(), digest_size=8).digest())
+        return [rng.randrange(256) for _ in range(tokens)]
+
+    def raw_call(self, call: str, request_id: str, tokens: int) -> dict:
+        """Make one call of LMCache's scheduler adapter exactly as a client would, with none of
+        this connector's bookkeeping or workarounds (no deferral, no retry, no state kept):
+        the reproducers of docs/findings/ use it to reach LMCache's own behaviour.
+
+        Args:
+            call: ``free_lookup_locks`` (FREE_LOOKUP_LOCKS of ``[0, tokens)`` rounded down to
+                whole chunks, for a request the server never looked up) or
+                ``lookup_then_end_session`` (LOOKUP, then ``end_session`` at once; the
+                adapter's bookkeeping of the request is cleaned up afterwards).
+            request_id: the request id sent to LMCache.
+            tokens: prompt length in tokens (:meth:`raw_prompt`); at least one chunk.
+
+        Returns:
+            What the adapter did, as far as it tells: ``adapter_healthy_before`` (a call made
+            while unhealthy is dropped by the adapter without a word),
+            ``adapter_healthy_after``, and for ``lookup_then_end_session``
+            ``end_session_returned_after_s`` (seconds ``end_session`` took).
+
+        Raises:
+            ValueError: unknown ``call``, or ``tokens`` shorter than one chunk.
+            RuntimeError: not connected to LMCache.
+        """
+        if call not in self.RAW_CALLS:
+            raise ValueError(f"unknown call {call!r}; known: {', '.join(self.RAW_CALLS)}")
+        scheduler = self.scheduler
+        if scheduler is None or self.chunk_size is None:
+            raise RuntimeError("not connected to LMCache")
+        end = (tokens // self.chunk_size) * self.chunk_size
+        if end == 0:
+            raise ValueError(f"tokens must cover at least one chunk ({self.chunk_size} tokens)")
+        prompt = self.raw_prompt(request_id, tokens)
+        out: dict = {"call": call, "request_id": request_id, "tokens": tokens,
+                     "adapter_healthy_before": scheduler.is_healthy}
+        if call == "free_lookup_locks":
+            scheduler.free_lookup_locks(prompt, 0, end, request_id)
+        else:
+            scheduler.maybe_submit_lookup_request(request_id, prompt, reserve_last_token=True)
+            t0 = time.monotonic()
+            scheduler.end_session(request_id)
+            out["end_session_returned_after_s"] = round(time.monotonic() - t0, 3)
+            scheduler.cleanup_lookup_result(request_id)
+        out["adapter_healthy_after"] = scheduler.is_healthy
+        log.warning("hook: raw LMCache call %s", out)
+        return out
+
     # ---- worker: retrieve / store -----------------------------------------------------
     def retrieve(self, request_id: str, token_ids: list[int], salt: str, start: int,
                  end: int, block_ids: list[int], skip_first_n_tokens: int) -> bool:

@@ -75,6 +75,27 @@ class StallHook(BaseModel):
     count: int = Field(1, ge=1, le=1000)
 
 
+class LMCacheCallHook(BaseModel):
+    """``POST /hooks/lmcache`` body: one call of LMCache's own scheduler adapter, made once on
+    the scheduler thread, outside any request of the engine (docs/findings/ reproducers).
+
+    Calls (``lmcache.integration.vllm.vllm_multi_process_adapter.LMCacheMPSchedulerAdapter``):
+
+    - ``free_lookup_locks``: FREE_LOOKUP_LOCKS of ``[0, tokens)`` for ``request_id``, a request
+      the server never looked up (``free_lookup_locks(token_ids, 0, tokens, request_id)``).
+    - ``lookup_then_end_session``: ``maybe_submit_lookup_request`` then, at once,
+      ``end_session`` (what a client does for a request aborted right after its lookup).
+
+    The prompt is ``tokens`` token ids derived from ``request_id`` (the same ids for the same
+    request id), so it matches nothing the workload stored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    call: str = Field(..., description="free_lookup_locks | lookup_then_end_session")
+    request_id: str = Field(..., min_length=1, max_length=200)
+    tokens: int = Field(512, ge=1, le=65536, description="prompt length in tokens")
+
+
 def error_body(message: str, code: int = 400, err_type: str = "BadRequestError",
                param: str | None = None) -> dict[str, Any]:
     """vLLM's ``ErrorResponse`` as JSON.

@@ -217,7 +217,8 @@ class EngineCore:
 
         Args:
             kind: ``preempt`` (arg: request id | ``newest`` | ``all``) or ``stall``
-                (arg: ``(point, seconds, count)``) or ``reset_prefix_cache``.
+                (arg: ``(point, seconds, count)``) or ``reset_prefix_cache`` or ``lmcache``
+                (arg: ``(call, request_id, tokens)``, see :meth:`LMCacheConnector.raw_call`).
 
         Returns:
             a future with the hook's result (e.g. the preempted request ids).
@@ -327,6 +328,11 @@ class EngineCore:
         if kind == "reset_prefix_cache":
             self.blocks.reset_prefix_cache()
             return True
+        if kind == "lmcache":
+            if self.connector is None or not self.connector.connected:
+                raise RuntimeError("the engine has no LMCache connection")
+            call, request_id, tokens = arg
+            return self.connector.raw_call(call, request_id, tokens)
         raise ValueError(f"unknown hook {kind!r}")
 
     def _stall(self, point: str) -> None:

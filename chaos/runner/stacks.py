@@ -79,6 +79,8 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
         elif st.state in ("exited", "not-started"):
             say(f"restarting {name}")
             stack.start(name)
+    from chaos.proxy.client import ToxiproxyError
+
     s = stack.settings
     try:
         with httpx.Client(timeout=10) as http:
@@ -96,6 +98,9 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
                     r.raise_for_status()
     except httpx.HTTPError as exc:
         raise StackError(f"could not reset the stack between scenarios: {exc}") from exc
+    except ToxiproxyError as exc:
+        raise StackError(f"could not reset the stack's proxy between scenarios: {exc}",
+                         s.proxy.service if s.proxy else None) from exc
     if s.redis is not None:
         import redis
 

@@ -1,4 +1,4 @@
-"""``kvchaos validate | schema | list``: scenario files without running them.
+"""``kvchaos validate | schema | list | findings``: scenario files without running them.
 
 The lead's chaos/cli.py wires these as top-level commands, e.g.
 ``app.command("validate")(validate)``; ``app`` here is a standalone Typer app with the same
@@ -20,7 +20,7 @@ from chaos.scenario.loader import discover_scenarios, load_scenario, validate_ag
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-__all__ = ["app", "validate", "schema", "list_scenarios", "stack_names", "schema_text", "DEFAULT_SCHEMA_PATH"]
+__all__ = ["app", "validate", "schema", "list_scenarios", "findings", "stack_names", "schema_text", "DEFAULT_SCHEMA_PATH"]
 
 DEFAULT_SCHEMA_PATH = Path("schemas/scenario.schema.json")
 
@@ -141,6 +141,53 @@ def list_scenarios(
         raise typer.Exit(2)
 
 
+def findings(
+    directory: Annotated[Path, typer.Argument(help="folder of scenarios")] = Path("scenarios"),
+    docs: Annotated[Path, typer.Option("--docs", help="folder of the findings pages")] = Path("docs/findings"),
+    reports: Annotated[Path | None, typer.Option(
+        "--reports", help="reports folder: show each scenario's latest clean-engine outcome")] = None,
+    fail_on_xpass: Annotated[bool, typer.Option(
+        "--fail-on-xpass", help="exit 1 when a latest outcome is XPASS (a nightly job's alarm)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per finding")] = False,
+) -> None:
+    """List the known upstream bugs: every xfail scenario, its upstream report, its page in
+    docs/findings/ and (with --reports) whether its latest run still fails as expected (XFAIL)
+    or now passes (XPASS: fixed upstream, or the scenario no longer reaches the bug).
+
+    Exit codes: 0 listed, 1 an XPASS with --fail-on-xpass, 2 a scenario is invalid.
+    """
+    from chaos.scenario.findings import finding_rows
+
+    try:
+        rows, bad = finding_rows(directory, docs, reports)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    for exc in bad:
+        typer.echo(str(exc), err=True)
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row.as_dict()))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("name", "upstream", "page", *(["latest", "run"] if reports is not None else []),
+                      title="known upstream bugs (xfail scenarios)")
+        for row in rows:
+            extra = [row.outcome or "not run", row.run_dir or ""] if reports is not None else []
+            table.add_row(row.name, row.upstream or "(not set)", row.page or "-", *extra)
+        Console(width=200).print(table)
+    if bad:
+        raise typer.Exit(2)
+    xpassed = [r.name for r in rows if r.outcome == "XPASS"]
+    if fail_on_xpass and xpassed:
+        typer.echo(f"XPASS (the bug no longer shows; check upstream and drop the xfail): "
+                   f"{', '.join(xpassed)}", err=True)
+        raise typer.Exit(1)
+
+
 app.command("validate")(validate)
 app.command("schema")(schema)
 app.command("list")(list_scenarios)
+app.command("findings")(findings)

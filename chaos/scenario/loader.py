@@ -79,7 +79,9 @@ def validate_against_stack(
 
 
 def discover_scenarios(root: str | Path) -> list[Path]:
-    """Scenario files under ``root`` (a file or a folder, searched recursively), sorted.
+    """Scenario files under ``root`` (a file or a folder, searched recursively): the folder's
+    own files first, then each sub-folder's (``scenarios/*.yaml``, then
+    ``scenarios/findings/*.yaml``), each level sorted by path.
 
     Raises:
         ConfigError: ``root`` does not exist.
@@ -89,8 +91,9 @@ def discover_scenarios(root: str | Path) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise ConfigError(str(root), None, None, "no such file or folder")
-    return sorted(p for p in root.rglob("*") if p.suffix in SCENARIO_SUFFIXES and p.is_file()
-                  and not is_stack_file(p))
+    found = [p for p in root.rglob("*") if p.suffix in SCENARIO_SUFFIXES and p.is_file()
+             and not is_stack_file(p)]
+    return sorted(found, key=lambda p: (len(p.relative_to(root).parts), p))
 
 
 def is_stack_file(path: str | Path) -> bool:

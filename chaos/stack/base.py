@@ -215,14 +215,24 @@ class Stack(abc.ABC):
     # --- proxy -------------------------------------------------------------------------
     def populate_links(self) -> None:
         """Create the ``x-kvchaos.links`` proxies on the stack's Toxiproxy (idempotent:
-        Toxiproxy's ``POST /populate`` replaces proxies of the same name)."""
+        Toxiproxy's ``POST /populate`` replaces proxies of the same name).
+
+        Raises:
+            StackError: the proxy's API failed (e.g. a link's listen port is taken), naming the
+                proxy service; every caller (start, restart, reset between scenarios) then
+                reports an infrastructure error instead of crashing.
+        """
         if not self.settings.links or self.settings.proxy is None:
             return
-        from chaos.proxy.client import ToxiproxyClient
+        from chaos.proxy.client import ToxiproxyClient, ToxiproxyError
 
-        with ToxiproxyClient(self.settings.proxy.api) as client:
-            client.populate([{"name": n, "listen": link.listen, "upstream": link.upstream, "enabled": True}
-                             for n, link in self.settings.links.items()])
+        proxy = self.settings.proxy
+        try:
+            with ToxiproxyClient(proxy.api) as client:
+                client.populate([{"name": n, "listen": link.listen, "upstream": link.upstream, "enabled": True}
+                                 for n, link in self.settings.links.items()])
+        except (ToxiproxyError, OSError) as exc:
+            raise StackError(f"could not create the proxy links on {proxy.api}: {exc}", proxy.service) from exc
 
     # --- context manager ---------------------------------------------------------------
     def __enter__(self) -> "Stack":

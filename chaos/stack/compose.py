@@ -706,6 +706,8 @@ class ComposeStack(Stack):
         proxy = self.settings.proxy
         try:
             self.populate_links()
+        except StackError:
+            raise
         except Exception as exc:  # the proxy answered health but not the API
             raise StackError(f"could not create the proxy links on {proxy.api}: {exc}",
                              proxy.service, self._log_tail(proxy.service)) from exc

@@ -304,6 +304,8 @@ class LocalStack(Stack):
         if proxy is not None and proxy.service in names:
             try:
                 self.populate_links()
+            except StackError:
+                raise
             except Exception as exc:  # the proxy answered health but not the API
                 held = []
                 for link_name, link in self.settings.links.items():

@@ -138,6 +138,27 @@ def test_hook_preempt_running_request(twin: Engine) -> None:
                             ).json() == {"preempted": []}
 
 
+def test_hook_lmcache_raw_calls(twin: Engine, engine: Engine, lmcache_stack) -> None:
+    """``POST /hooks/lmcache``: one raw call of LMCache's scheduler adapter (docs/findings/).
+    On a healthy link LOOKUP + end_session leaves no session behind; bad input is a 400, an
+    engine without LMCache a 503."""
+    body = {"call": "lookup_then_end_session", "request_id": "raw-hook-0", "tokens": 512}
+    assert twin.client.post("/hooks/lmcache", json=body).status_code == 503
+    assert_vllm_error(engine.client.post("/hooks/lmcache", json={**body, "call": "nope"}))
+    assert_vllm_error(engine.client.post("/hooks/lmcache", json={**body, "tokens": 100}))
+    before = lmcache_stack.status()["active_sessions"]
+    r = engine.client.post("/hooks/lmcache", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["adapter_healthy_before"] and out["adapter_healthy_after"], out
+    assert out["end_session_returned_after_s"] < 2.0
+    deadline = time.monotonic() + 10
+    while lmcache_stack.status()["active_sessions"] != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lmcache_stack.status()["active_sessions"] == before
+    assert engine.client.get("/debug/state").json()["num_open_sessions"] == 0
+
+
 def test_non_stream_client_disconnect_aborts(twin: Engine) -> None:
     import httpx
 

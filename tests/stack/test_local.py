@@ -189,3 +189,32 @@ def test_cli_up_status_down_detached(stack_file):
     assert r.returncode == 0, r.stderr
     for pid in pids:
         assert group_pids(pid) == []
+
+
+def test_health_check_answered_by_another_process_is_an_error(tmp_path):
+    """On a shared host another stack may hold the port a service was given: its health check
+    then passes on the other process, and the run would test the wrong server. (Seen here: a
+    second LMCache failed to bind 25555 while the first answered its /healthcheck.)"""
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    port = other.getsockname()[1]
+    p = tmp_path / "stack.yml"
+    p.write_text(textwrap.dedent(f"""
+        services:
+          late:
+            command: [sleep, "300"]
+            healthcheck: {{test: [CMD, kvchaos, probe, "tcp://127.0.0.1:{port}"], interval: 100ms, retries: 50}}
+    """))
+    stack = LocalStack(p, run_dir=tmp_path / "run", environ=dict(os.environ))
+    try:
+        if os.geteuid() != 0:
+            pytest.skip("reading other processes' sockets needs root")
+        with pytest.raises(StackError, match="was answered by pid") as info:
+            stack.up()
+        assert f"pid {os.getpid()}" in str(info.value)
+        for name, proc in stack._procs.items():
+            assert group_pids(proc.pgid) == [], name
+    finally:
+        stack.down()
+        other.close()
