@@ -301,7 +301,7 @@ def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
 
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0,
-            say: Callable[[str], None] = lambda _m: None) -> ZooMatrix:
+            say: Callable[[str], None] = lambda _m: None, coverage: object | None = None) -> ZooMatrix:
     """Run the plan on one stack pool and fill the matrix.
 
     Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
@@ -314,6 +314,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
         backend: "local" or "compose".
         timeout_s: per-scenario deadline for the phases.
         say: progress lines.
+        coverage: a ``chaos.coverage.EngineCoverage``: the engine records branch coverage,
+            each cell under the context ``<row>/<scenario>``.
 
     Raises:
         ConfigError: a scenario file is invalid.
@@ -344,14 +346,20 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 run_dir = report_dir / run_id
                 say(f"[{row}] {scenario.name}")
                 t0 = time.monotonic()
+                variables = scenario.stack_variables()
+                if coverage is not None:
+                    variables.update(coverage.variables)  # type: ignore[attr-defined]
+                    coverage.switch(f"{row}/{scenario.name}")  # type: ignore[attr-defined]
                 try:
-                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+                    stack = pool.acquire(Path(scenario.stack), variables, say=say)
                 except (StackError, ConfigError) as exc:
                     result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
                 else:
                     restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
                                           progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
+                if coverage is not None:
+                    coverage.switch("idle")  # type: ignore[attr-defined]
                 if result.error and result.error.startswith("interrupted"):
                     raise KeyboardInterrupt(result.error)  # Ctrl-C / SIGTERM: stop the zoo, not one cell
                 cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
