@@ -273,7 +273,8 @@ REPORT_PATHS: list[ReportPath] = [
     ReportPath("F1", "LMCache issue 2206, k*chunk+r, local prefix cache covers the prompt",
                (Requirement(paths=("local-prefix.match", "load.beyond-local-hit")),)),
     ReportPath("F2", "LMCache issue 5151, exact chunk multiple, full hit after local reset",
-               (Requirement(paths=("hook.reset-prefix-cache", "load.ok")),)),
+               (Requirement(paths=("local-prefix.match", "hook.reset-prefix-cache", "load.ok"),
+                            faults=("hook@engine",)),)),
     ReportPath("F3", "Dynamo issue 15079, L2 transfer fails after a positive lookup",
                (Requirement(paths=("load.failed", "load.failed-free-locks")),)),
     ReportPath("F4", "vLLM issue 49176, L2 object truncated after lookup",
@@ -529,7 +530,7 @@ def summarize(data_file: Path, scenarios: list[str], *, row: str = "clean", root
             if any(_meets(w, reached_paths, facts.get(s, {})) for w in rp.ways):
                 listed.append(s)
         reports[rp.report] = {"title": rp.title, "scenarios": listed,
-                              "requirement": " | or | ".join(w.describe() for w in rp.ways)}
+                              "requirement": " **or** ".join(w.describe() for w in rp.ways)}
     return {"row": row, "scenarios": list(scenarios), "figure": figure,
             "per_scenario": per_scenario, "named_paths": named, "reports": reports,
             "branches": branches_out}
@@ -683,6 +684,34 @@ coverage_app = typer.Typer(help="Engine path coverage under the catalogue (docs/
                            no_args_is_help=True)
 
 
+def write_summary(measure: EngineCoverage, scenario_paths: list[Path], scenarios: list[str], out: Path,
+                  verdicts: dict[str, str] | None = None) -> str:
+    """Summarize a measured run (the clean row) into OUT/summary.json and OUT/coverage.md.
+
+    Args:
+        measure: the run's EngineCoverage (its engines stopped, so their data is saved).
+        scenario_paths: the scenario files that ran (for the faults and tenants of each).
+        scenarios: the clean row's scenario names, in order.
+        out: the folder to write into.
+        verdicts: scenario -> the clean engine's cell (stored alongside).
+
+    Returns:
+        one line: the branch figure and the paths written.
+    """
+    from chaos.runner.suite import load_and_validate
+
+    facts = {s.name: scenario_facts_of(s) for s in load_and_validate(scenario_paths)}
+    summary = summarize(measure.combined(), scenarios, scenario_facts=facts)
+    if verdicts is not None:
+        summary["verdicts"] = verdicts
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "coverage.md").write_text(render_coverage_md(summary))
+    fig = summary["figure"]["total"]
+    return (f"engine branches reached: {_pct(fig['reached'], fig['branches'])}; "
+            f"{out / 'summary.json'} {out / 'coverage.md'}")
+
+
 @coverage_app.command("run")
 def run_command(
     scenarios_dir: Path = typer.Option(Path("scenarios"), "--catalogue", help="folder of catalogue scenarios"),
@@ -714,19 +743,14 @@ def run_command(
         raise typer.Exit(2)
     wanted = set(plan[CLEAN])
     paths = [p for p, s in zip(paths, loaded) if s.name in wanted]
-    facts = {s.name: scenario_facts_of(s) for s in loaded if s.name in wanted}
     measure = EngineCoverage(out / "data")
     matrix = run_zoo(paths, plan, report_dir=report_dir, timeout_s=timeout,
                      say=lambda m: typer.echo(m, err=True), coverage=measure)
     matrix.write(out)
-    summary = summarize(measure.combined(), plan[CLEAN], scenario_facts=facts)
-    summary["verdicts"] = {s: matrix.cell(CLEAN, s) for s in plan[CLEAN]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "coverage.md").write_text(render_coverage_md(summary))
-    fig = summary["figure"]["total"]
-    typer.echo(f"engine branches reached: {_pct(fig['reached'], fig['branches'])}; "
-               f"{out / 'summary.json'} {out / 'coverage.md'}")
+    typer.echo(write_summary(measure, paths, plan[CLEAN], out,
+                             verdicts={s: matrix.cell(CLEAN, s) for s in plan[CLEAN]}))
     if update:
+        summary = json.loads((out / "summary.json").read_text())
         SUMMARY_PATH.write_text(json.dumps(summary, indent=1) + "\n")
         update_docs(summary)
         typer.echo(f"updated {SUMMARY_PATH}, {COVERAGE_MD}, {CATALOGUE_MD}")

@@ -43,7 +43,7 @@ CLEAN = "clean"
 #: Planted bug -> the catalogue scenarios meant to catch it (the default `kvchaos zoo` plan).
 ZOO_MAP: dict[str, list[str]] = {
     "trust-failed-load": ["retrieve-fail-after-lookup"],
-    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause"],
+    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause", "abort-during-lookup"],
     "hit-plus-one-token": ["chunk-boundary-full-hit", "apc-partial-chunk"],
     "hit-plus-one-chunk": ["chunk-boundary-full-hit", "smoke"],
     "drop-cache-salt": ["tenant-isolation"],
@@ -52,6 +52,9 @@ ZOO_MAP: dict[str, list[str]] = {
     "repoll-timed-out-lookup": ["lookup-timeout", "lmcache-pause"],
     "no-reconnect": ["lmcache-restart", "lookup-timeout"],
     "store-before-compute": ["smoke", "ladder-engine-restart"],
+    "keep-locks-on-local-hit": ["apc-local-covers-hit", "apc-partial-chunk"],
+    "store-after-hit-wrong-blocks": ["conversation-store-after-hit"],
+    "short-free-after-failed-load": ["retrieve-dropped-slow-link", "retrieve-fail-after-lookup"],
 }
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
@@ -349,13 +352,14 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 variables = scenario.stack_variables()
                 if coverage is not None:
                     variables.update(coverage.variables)  # type: ignore[attr-defined]
-                    coverage.switch(f"{row}/{scenario.name}")  # type: ignore[attr-defined]
                 try:
                     stack = pool.acquire(Path(scenario.stack), variables, say=say)
                 except (StackError, ConfigError) as exc:
                     result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
                 else:
                     restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
+                    if coverage is not None:  # after the reset: only the scenario's own paths
+                        coverage.switch(f"{row}/{scenario.name}")  # type: ignore[attr-defined]
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
                                           progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
                 if coverage is not None:
@@ -388,6 +392,8 @@ def zoo(
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
     repeat: int = typer.Option(1, "--repeat", min=1, max=20,
                                help="run the whole zoo N times and require the same matrix each time"),
+    coverage_dir: Path = typer.Option(None, "--coverage", help="also measure the engine's branch "
+                                      "coverage per cell into this folder (chaos/coverage.py; local backend)"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
@@ -425,16 +431,25 @@ def zoo(
     wanted = {n for ns in plan.values() for n in ns}
     paths = [p for p, n in zip(paths, catalogue) if n in wanted]
     matrices: list[ZooMatrix] = []
+    measure = None
+    if coverage_dir is not None:
+        from chaos.coverage import EngineCoverage
+
+        measure = EngineCoverage(coverage_dir / "data")
     for k in range(1, repeat + 1):
         if repeat > 1:
             typer.echo(f"zoo run {k} of {repeat}", err=True)
         matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
-                         say=lambda m: typer.echo(m, err=True))
+                         say=lambda m: typer.echo(m, err=True), coverage=measure)
         matrices.append(matrix)
         if repeat > 1:
             matrix.write(out / f"run-{k}")
     code = max(m.exit_code() for m in matrices)
     md, js = matrix.write(out)
+    if measure is not None:
+        from chaos.coverage import write_summary
+
+        typer.echo(write_summary(measure, paths, plan[CLEAN], coverage_dir), err=True)
     extra = ""
     if repeat > 1:
         differ = compare_matrices(matrices)
