@@ -197,3 +197,44 @@ def test_classification_uses_the_prompt_length_for_full_vs_partial_hits():
                                            "cached_token_stats": {"external_cache_hit_tokens": 4}})]
     assert requests(full)[0].request_class == "lmcache_hit_full"
     assert requests(partial)[0].request_class == "lmcache_hit_partial"
+
+
+def test_requests_gaps_default_f_process_time_and_usage_first():
+    ops = [
+        _op(0, None, "client-0", "ok", "complete", request_id="ghost", value={"token_ids": [1]}),
+        {"index": 1, "time": None, "type": "invoke", "request_id": "a", "value": {"prompt_token_ids": [1, 2]}},
+        {"index": 2, "time": None, "type": "ok", "request_id": "a",
+         "value": {"token_ids": [3], "usage": {"prompt_tokens": 3}, "prompt_len": 9}},
+    ]
+    (a,) = requests(ops)  # no "f" means a completion request; the ghost does not stop the pairing
+    assert (a.process, a.end_time, a.prompt_tokens, a.outcome) == ("", 0.0, 3, "ok")
+
+
+def test_classification_falls_back_to_the_paired_prompt_length():
+    # No prompt_len on the completion: the 9 prompt ids of the invoke make 4 hit tokens partial.
+    ops = [_client(0, 0.0, "invoke", "a", {"prompt_token_ids": list(range(9))}),
+           _client(1, 1.0, "ok", "a", {"token_ids": [1], "cached_token_stats": {"external_cache_hit_tokens": 4}})]
+    assert requests(ops)[0].request_class == "lmcache_hit_partial"
+
+
+def test_fault_times_default_to_zero_and_same_time_keeps_file_order():
+    ops = [_op(0, None, "nemesis", "invoke", "apply", fault_id="f", value={}),
+           _op(1, None, "nemesis", "ok", "heal", fault_id="f", value={"bit": True})]
+    (f,) = faults(ops)
+    assert (f.applied_at, f.healed_at) == (0.0, 0.0)
+    got = op_dicts([{"time": 1.0, "name": "no-index"}, {"time": 1.0, "index": 0, "name": "index-0"}])
+    assert [d["name"] for d in got] == ["no-index", "index-0"]
+
+
+def test_ops_at_the_same_time_sort_by_index_from_zero():
+    got = op_dicts([{"time": 1.0, "index": 1, "name": "b"}, {"time": 1.0, "index": 0, "name": "a"}])
+    assert [d["name"] for d in got] == ["a", "b"]
+
+
+def test_classification_uses_the_completions_prompt_len_over_usage():
+    # prompt_len 9 (partial for a 4-token hit) wins over usage's 5 (which would read as full).
+    ops = [_client(0, 0.0, "invoke", "a", {}),
+           _client(1, 1.0, "ok", "a", {"token_ids": [1], "prompt_len": 9, "usage": {"prompt_tokens": 5},
+                                       "cached_token_stats": {"external_cache_hit_tokens": 4}})]
+    (a,) = requests(ops)
+    assert a.prompt_tokens == 5 and a.request_class == "lmcache_hit_partial"

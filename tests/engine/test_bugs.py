@@ -308,3 +308,41 @@ def test_bugs_planted_through_environment(make_engine, monkeypatch: pytest.Monke
                                    "retry-failed-load-forever"]
     monkeypatch.delenv("KVCHAOS_ENGINE_BUGS")
     assert make_engine("env-clean", []).state()["bugs"] == []
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_store_after_hit_wrong_blocks(planted: bool, make_engine, twin: Engine,
+                                      clean_small: Engine) -> None:
+    """A store that starts after an LMCache hit must take its own chunks' blocks.
+
+    Three turns: the second hits the first's 2 chunks and stores chunk 3 after that partial
+    hit; the third hits chunk 3. Only the third reads what the store after the hit wrote.
+    """
+    eng = engine_for(planted, "store-after-hit-wrong-blocks", clean_small, make_engine)
+    p1 = random_prompt(f"bugs:{1500 + planted}", 600)
+    p2 = p1 + random_prompt(f"bugs:{1510 + planted}", 250)
+    p3 = p2 + random_prompt(f"bugs:{1520 + planted}", 100)
+    eng.complete(p1, 2)
+    second = eng.complete(p2, 2)
+    assert stats(second)["external_cache_hit_tokens"] == 512  # a partial hit; stores [512, 768)
+    third = eng.complete(p3, 24, ignore_eos=True)
+    assert stats(third)["external_cache_hit_tokens"] == 768
+    assert (ids(third) != ids(twin.complete(p3, 24, ignore_eos=True))) == planted
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_keep_locks_on_local_hit(planted: bool, make_engine, lmcache_stack: LMCacheStack) -> None:
+    """F8: the local prefix cache covers the whole LMCache hit; the lookup's locks must go."""
+    args = ["--num-blocks", "200", "--enable-prefix-caching", *lmcache_args(lmcache_stack)]
+    if planted:
+        args += ["--bug", "keep-locks-on-local-hit"]
+    eng = make_engine(f"local-cover-{planted}", args)
+    p = random_prompt(f"bugs:{1600 + planted}", 600)
+    eng.complete(p, 2)
+    before = lmcache_stack.l1()["read_locked_count"]
+    r = eng.complete(p + [65, 66], 2)  # local hit 512 covers LMCache's 512
+    assert stats(r)["local_cache_hit_tokens"] == 512 and stats(r)["external_cache_hit_tokens"] == 0
+    deadline = time.monotonic() + 5
+    while lmcache_stack.l1()["read_locked_count"] > before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (lmcache_stack.l1()["read_locked_count"] > before) == planted
