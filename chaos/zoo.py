@@ -42,12 +42,12 @@ CLEAN = "clean"
 
 #: Planted bug -> the catalogue scenarios meant to catch it (the default `kvchaos zoo` plan).
 ZOO_MAP: dict[str, list[str]] = {
-    "trust-failed-load": ["retrieve-fail-after-lookup"],
+    "trust-failed-load": ["retrieve-fail-after-lookup", "load-fail-policy-fail"],
     "skip-abort-cleanup": ["cancel-storm", "lmcache-pause", "abort-during-lookup"],
     "hit-plus-one-token": ["chunk-boundary-full-hit", "apc-partial-chunk"],
     "hit-plus-one-chunk": ["chunk-boundary-full-hit", "smoke"],
     "drop-cache-salt": ["tenant-isolation"],
-    "stale-blocks-on-resume": ["preemption"],
+    "stale-blocks-on-resume": ["preemption", "preemption-out-of-blocks"],
     "retry-failed-load-forever": ["retrieve-fail-after-lookup", "lmcache-pause"],
     "repoll-timed-out-lookup": ["lookup-timeout", "lmcache-pause"],
     "no-reconnect": ["lmcache-restart", "lookup-timeout"],

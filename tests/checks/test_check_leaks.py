@@ -119,3 +119,34 @@ def test_missing_field_summary_names_it():
     r = leaks.check([], snap, {})
     assert r.summary == "field missing from the final reading: lmcache.staging_bytes"
     assert r.details["missing_fields"] == ["lmcache.staging_bytes"]
+
+
+def test_reference_stack_polls_sessions_as_well_as_locks(tmp_path):
+    # The check is only as good as its sources: the reference stack must report LMCache's
+    # sessions and the engine's open sessions and pending lookups, not just locks.
+    from pathlib import Path
+
+    from chaos.stack.spec import load_stack
+
+    spec = load_stack(Path(__file__).parents[2] / "compose" / "reference.yml", environ={},
+                      run_dir=tmp_path, allocate_ports=False)
+    fields = {f"{s.name}.{k}" for s in spec.settings.leak_sources for k in s.fields}
+    assert {"lmcache.active_sessions", "lmcache.read_locked_count", "lmcache.write_locked_count",
+            "lmcache.staging_bytes", "engine.open_sessions", "engine.pending_lookups",
+            "engine.blocks_held_by_requests"} <= fields
+
+
+def test_twin_never_inherits_planted_bugs_or_coverage(tmp_path):
+    # The stack's variables reach every service's environment; the recompute twin runs the same
+    # engine code and must stay clean (no planted bug, not measured).
+    from pathlib import Path
+
+    from chaos.stack.spec import load_stack
+
+    spec = load_stack(Path(__file__).parents[2] / "compose" / "reference.yml",
+                      environ={"KVCHAOS_ENGINE_BUGS": "drop-cache-salt", "KVCHAOS_ENGINE_COVERAGE": "/x/rc"},
+                      run_dir=tmp_path, allocate_ports=False)
+    twin = spec.services["engine-recompute"].env()
+    engine = spec.services["engine"].env()
+    assert twin["KVCHAOS_ENGINE_BUGS"] == "" and twin["KVCHAOS_ENGINE_COVERAGE"] == ""
+    assert engine["KVCHAOS_ENGINE_BUGS"] == "drop-cache-salt" and engine["KVCHAOS_ENGINE_COVERAGE"] == "/x/rc"
