@@ -147,3 +147,9 @@ def test_summarize_attributes_paths_to_the_scenario_that_ran_them(tmp_path: Path
     assert "| `load.local-covers-hit` | scheduler.py:" in page
     assert textwrap.dedent("""\
         | F8 | `one` | `load.local-covers-hit` |""") in page
+
+
+def test_out_of_reach_and_bug_only_paths_are_named_paths():
+    known = {p.name for p in cc.NAMED_PATHS}
+    assert set(cc.OUT_OF_REACH) <= known and cc.BUG_ONLY_PATHS <= known
+    assert not set(cc.OUT_OF_REACH) & cc.BUG_ONLY_PATHS
