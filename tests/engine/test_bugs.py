@@ -346,3 +346,36 @@ def test_keep_locks_on_local_hit(planted: bool, make_engine, lmcache_stack: LMCa
     while lmcache_stack.l1()["read_locked_count"] > before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert (lmcache_stack.l1()["read_locked_count"] > before) == planted
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_short_free_after_failed_load(planted: bool, make_engine, clean_fragile: Engine,
+                                      fragile_stack: LMCacheStack) -> None:
+    """A retrieve the adapter drops (LMCache unhealthy) leaves the lookup's locks on the server:
+    the engine must free them all once LMCache is back.
+
+    The engine is held before its retrieve while LMCache is frozen long enough for the
+    heartbeat to fail, so the retrieve is dropped unsent (the server never releases its locks
+    itself, unlike a retrieve that times out on a frozen server).
+    """
+    eng = engine_for(planted, "short-free-after-failed-load", clean_fragile, make_engine)
+    p = random_prompt(f"bugs:{1700 + planted}", 1100)
+    eng.complete(p, 2)
+    time.sleep(0.5)
+    before = fragile_stack.l1()["read_locked_count"]
+    eng.client.post("/hooks/stall", json={"point": "before_retrieve", "seconds": 4.0})
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(eng.complete(p, 8, ignore_eos=True)))
+    t.start()
+    time.sleep(1.0)  # lookup done (a hit, 4 chunks locked), scheduler held before the retrieve
+    fragile_stack.server.signal(signal.SIGSTOP)
+    try:
+        time.sleep(5.0)  # heartbeats fail; the retrieve is dropped while LMCache is frozen
+    finally:
+        fragile_stack.server.signal(signal.SIGCONT)
+    t.join(timeout=60)
+    assert stats(result)["load_failed_tokens"] == 1024
+    deadline = time.monotonic() + 15
+    while fragile_stack.l1()["read_locked_count"] > before and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert (fragile_stack.l1()["read_locked_count"] > before) == planted
