@@ -41,6 +41,9 @@ def _add_layer_commands() -> None:
     from chaos.zoo import zoo
 
     app.command("zoo")(zoo)
+    from chaos.coverage import coverage_app
+
+    app.add_typer(coverage_app, name="coverage")
     app.add_typer(proxy_app, name="proxy")
     app.add_typer(engine_app, name="engine")
 

@@ -43,16 +43,19 @@ CLEAN = "clean"
 
 #: Planted bug -> the catalogue scenarios meant to catch it (the default `kvchaos zoo` plan).
 ZOO_MAP: dict[str, list[str]] = {
-    "trust-failed-load": ["retrieve-fail-after-lookup"],
-    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause"],
+    "trust-failed-load": ["retrieve-fail-after-lookup", "load-fail-policy-fail"],
+    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause", "abort-during-lookup"],
     "hit-plus-one-token": ["chunk-boundary-full-hit", "apc-partial-chunk"],
     "hit-plus-one-chunk": ["chunk-boundary-full-hit", "smoke"],
     "drop-cache-salt": ["tenant-isolation"],
-    "stale-blocks-on-resume": ["preemption"],
+    "stale-blocks-on-resume": ["preemption", "preemption-out-of-blocks"],
     "retry-failed-load-forever": ["retrieve-fail-after-lookup", "lmcache-pause"],
     "repoll-timed-out-lookup": ["lookup-timeout", "lmcache-pause"],
     "no-reconnect": ["lmcache-restart", "lookup-timeout"],
     "store-before-compute": ["smoke", "ladder-engine-restart"],
+    "keep-locks-on-local-hit": ["apc-local-covers-hit", "apc-partial-chunk"],
+    "store-after-hit-wrong-blocks": ["conversation-store-after-hit"],
+    "short-free-after-failed-load": ["retrieve-dropped-slow-link", "retrieve-fail-after-lookup"],
 }
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
@@ -305,7 +308,7 @@ def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
 
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0,
-            say: Callable[[str], None] = lambda _m: None) -> ZooMatrix:
+            say: Callable[[str], None] = lambda _m: None, coverage: object | None = None) -> ZooMatrix:
     """Run the plan on one stack pool and fill the matrix.
 
     Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
@@ -318,6 +321,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
         backend: "local" or "compose".
         timeout_s: per-scenario deadline for the phases.
         say: progress lines.
+        coverage: a ``chaos.coverage.EngineCoverage``: the engine records branch coverage,
+            each cell under the context ``<row>/<scenario>``.
 
     Raises:
         ConfigError: a scenario file is invalid.
@@ -348,14 +353,21 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 run_dir = report_dir / run_id
                 say(f"[{row}] {scenario.name}")
                 t0 = time.monotonic()
+                variables = scenario.stack_variables()
+                if coverage is not None:
+                    variables.update(coverage.variables)  # type: ignore[attr-defined]
                 try:
-                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+                    stack = pool.acquire(Path(scenario.stack), variables, say=say)
                 except (StackError, ConfigError) as exc:
                     result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
                 else:
                     restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
+                    if coverage is not None:  # after the reset: only the scenario's own paths
+                        coverage.switch(f"{row}/{scenario.name}")  # type: ignore[attr-defined]
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
                                           progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
+                if coverage is not None:
+                    coverage.switch("idle")  # type: ignore[attr-defined]
                 if result.error and result.error.startswith("interrupted"):
                     raise KeyboardInterrupt(result.error)  # Ctrl-C / SIGTERM: stop the zoo, not one cell
                 cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
@@ -385,6 +397,8 @@ def zoo(
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
     repeat: int = typer.Option(1, "--repeat", min=1, max=20,
                                help="run the whole zoo N times and require the same matrix each time"),
+    coverage_dir: Path = typer.Option(None, "--coverage", help="also measure the engine's branch "
+                                      "coverage per cell into this folder (chaos/coverage.py; local backend)"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
@@ -429,16 +443,25 @@ def zoo(
     wanted = {n for ns in plan.values() for n in ns}
     paths = [p for p, n in zip(paths, catalogue) if n in wanted]
     matrices: list[ZooMatrix] = []
+    measure = None
+    if coverage_dir is not None:
+        from chaos.coverage import EngineCoverage
+
+        measure = EngineCoverage(coverage_dir / "data")
     for k in range(1, repeat + 1):
         if repeat > 1:
             typer.echo(f"zoo run {k} of {repeat}", err=True)
         matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
-                         say=lambda m: typer.echo(m, err=True))
+                         say=lambda m: typer.echo(m, err=True), coverage=measure)
         matrices.append(matrix)
         if repeat > 1:
             matrix.write(out / f"run-{k}")
     code = max(m.exit_code() for m in matrices)
     md, js = matrix.write(out)
+    if measure is not None:
+        from chaos.coverage import write_summary
+
+        typer.echo(write_summary(measure, paths, plan[CLEAN], coverage_dir), err=True)
     extra = ""
     if repeat > 1:
         differ = compare_matrices(matrices)

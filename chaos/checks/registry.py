@@ -41,7 +41,8 @@ def register(name: str, config_model: type[BaseModel]) -> Callable[[CheckFn], Ch
     def deco(fn: CheckFn) -> CheckFn:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"check {name!r} is registered twice")
-        _REGISTRY[name] = CheckSpec(name, fn, config_model, (fn.__doc__ or "").strip().splitlines()[0])
+        doc = (fn.__doc__ or "").strip().splitlines()
+        _REGISTRY[name] = CheckSpec(name, fn, config_model, doc[0] if doc else "")
         return fn
 
     return deco

@@ -188,6 +188,9 @@ def classify_request(rec: RequestRecord) -> RequestClass | None:
     if rec.outcome is None:
         return None
     value = dict(rec.end_value)
+    if rec.cached_token_stats is not None:
+        # The stats may sit under kv_transfer_params (vLLM's shape); classify reads them here.
+        value["cached_token_stats"] = rec.cached_token_stats.model_dump()
     if not value.get("prompt_len"):
         value["prompt_len"] = rec.prompt_tokens or 0
     return classify_value(rec.outcome, value)

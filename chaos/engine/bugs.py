@@ -33,6 +33,19 @@ BUGS: dict[str, str] = {
     # store ordering: the chunk's KV is not computed yet when it is stored.
     "store-before-compute":
         "full chunks are stored right after allocation, before their KV is computed",
+    # F8 (LMCache issue 1034): the engine's prefix cache covers the whole LMCache hit; the
+    # retrieve that would unlock never runs and the lookup's locks are not freed either.
+    "keep-locks-on-local-hit":
+        "when the local prefix cache covers the whole LMCache hit, the lookup's read locks "
+        "are never freed",
+    # A store that starts after an LMCache hit takes the wrong blocks: the chunks it writes
+    # under the later chunks' keys hold the prompt's first chunks' KV.
+    "store-after-hit-wrong-blocks":
+        "a store that starts after an LMCache hit (or an earlier store) reads the prompt's "
+        "first blocks instead of its own chunks' blocks",
+    # F3/F8: a failed (or dropped) load frees the lookup's read locks one chunk short.
+    "short-free-after-failed-load":
+        "after a failed or dropped LMCache load, free the lookup's read locks one chunk short",
 }
 
 

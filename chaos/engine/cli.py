@@ -65,6 +65,9 @@ def serve(
     log_level: str = typer.Option("info", help="debug | info | warning | error."),
 ) -> None:
     """Serve the engine over HTTP until interrupted."""
+    from chaos.engine.measurement import start_coverage_from_environment
+
+    start_coverage_from_environment()  # first: the engine modules below are then measured
     import uvicorn
 
     from chaos.engine.api import create_app

@@ -454,6 +454,9 @@ class LMCacheConnector:
         worker = self.worker
         op = LoadStoreOp(token_ids=list(token_ids), block_ids=[list(block_ids)], start=start,
                          end=end, skip_first_n_tokens=skip_first_n_tokens)
+        # The adapter drops a retrieve handed to it while unhealthy without sending it: the
+        # server never sees it, so the lookup's read locks stay held until freed.
+        dropped = not worker.is_healthy  # type: ignore[union-attr]
         try:
             worker.submit_retrieve_request(  # type: ignore[union-attr]
                 request_id, op, None, cache_salt=salt)
@@ -462,7 +465,14 @@ class LMCacheConnector:
         except Exception as exc:  # noqa: BLE001 - a failed load is a miss, never a crash
             log.warning("retrieve %s failed: %s", request_id, exc)
             return False
-        return bool(finished) and request_id in finished and request_id not in failed
+        if dropped:
+            log.warning("retrieve %s dropped by the adapter (LMCache unhealthy); the server "
+                        "still holds its lookup locks", request_id)
+            return False
+        ok = bool(finished) and request_id in finished and request_id not in failed
+        if not ok:
+            log.warning("retrieve %s failed: LMCache reported it failed or unfinished", request_id)
+        return ok
 
     def store(self, request_id: str, token_ids: list[int], salt: str, start: int, end: int,
               block_ids: list[int]) -> bool:

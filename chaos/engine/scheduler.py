@@ -491,9 +491,14 @@ class EngineCore:
         salt = self._salt(req)
         start = (local_hit // chunk) * chunk
         if hit <= local_hit:
-            conn.free_locks(req.request_id, req.prompt, salt, 0, hit)
+            # F8: the local prefix cache covers the whole LMCache hit, so no retrieve will
+            # release the lookup's read locks: free them now.
+            if "keep-locks-on-local-hit" not in self.bugs:
+                conn.free_locks(req.request_id, req.prompt, salt, 0, hit)
             return
-        conn.free_locks(req.request_id, req.prompt, salt, 0, start)
+        if start:
+            # F1: the local prefix cache holds [0, start); LMCache fills [start, hit) only.
+            conn.free_locks(req.request_id, req.prompt, salt, 0, start)
         self._set_stage(req, "load")
         self._stall("before_retrieve")
         ok = conn.retrieve(req.request_id, req.prompt, salt, start, hit,
@@ -507,7 +512,8 @@ class EngineCore:
                 self._retry_load_later(req)
                 return
             req.load_failed_tokens += hit - local_hit
-            conn.free_locks(req.request_id, req.prompt, salt, start, hit)
+            free_end = hit - chunk if "short-free-after-failed-load" in self.bugs else hit
+            conn.free_locks(req.request_id, req.prompt, salt, start, free_end)
             if "trust-failed-load" not in self.bugs:
                 if self.config.kv_load_failure_policy == "fail":
                     self._abort_now(req, error=(
@@ -645,9 +651,16 @@ class EngineCore:
         start = (req.stored_upto // chunk) * chunk
         if full_end <= start:
             return
+        block_ids = req.block_table[start // bs:full_end // bs]
+        if start:
+            # A store after an LMCache hit (or an earlier store): only the chunks past it,
+            # each from its own blocks.
+            log.debug("request %s: store [%d, %d) after %d stored or loaded tokens",
+                      req.request_id, start, full_end, start)
+            if "store-after-hit-wrong-blocks" in self.bugs:
+                block_ids = req.block_table[:len(block_ids)]
         self._stall("before_store")
-        ok = conn.store(req.request_id, req.prompt, self._salt(req), start, full_end,
-                        req.block_table[start // bs:full_end // bs])
+        ok = conn.store(req.request_id, req.prompt, self._salt(req), start, full_end, block_ids)
         req.stored_upto = full_end
         if ok:
             self.metrics.inc("kvchaos_engine_stored_tokens_total", full_end - start)

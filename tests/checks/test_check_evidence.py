@@ -37,3 +37,48 @@ def test_bit_must_be_true_not_truthy(hb):
 def test_no_faults_passes(hb):
     hb.request("w-1", [1, 2], [3])
     assert evidence.check(hb.ops, Snapshots(), {}).verdict == "passed"
+
+
+def _problems(ops):
+    return [f["problem"] for f in evidence.check(ops, Snapshots(), {}).details["faults"]]
+
+
+def test_each_reason_a_fault_did_not_bite_is_named(hb):
+    hb.fault("f1", "latency", 1, 5, {"bit": False, "connections": 0, "why": "idle"})
+    hb.fault("f2", "latency", 1, 5, {"bit": False})
+    hb.fault("f3", "latency", 1, 5, None)
+    hb.fault("f4", "latency", 1, None, None)
+    hb.fault("f5", "latency", 1, 5, {"bit": True}, apply_outcome="fail")
+    hb.op("nemesis", "info", "apply", 1.0, fault_id="f6", value={"kind": "pause"})
+    hb.op("nemesis", "ok", "heal", 2.0, fault_id="f7", value={"kind": "kill", "evidence": {"bit": True}})
+    hb.fault("f8", "latency", 1, 5, {"bit": True})
+    assert _problems(hb.ops) == [
+        "did not bite (connections=0, why=idle)", "did not bite", "no evidence recorded",
+        "never healed, no evidence recorded", "apply fail: proxy said 500", "apply info",
+        None, "never applied"]  # in order of first op: f8's apply (t=1) precedes f7's heal (t=2)
+
+
+def test_inconclusive_summary_names_the_first_dull_fault(hb):
+    hb.fault("f1", "latency", 1, 5, {"bit": True})
+    hb.fault("f2", "reset_peer", 6, 8, {"bit": False}, phase="p2")
+    hb.fault("f3", "latency", 6, 8, None)
+    r = evidence.check(hb.ops, Snapshots(), {})
+    assert r.summary == "inconclusive: 2 of 3 faults did not bite; reset_peer f2 (phase p2): did not bite"
+    row = r.details["faults"][1]
+    assert (row["fault_id"], row["kind"], row["phase"], row["applied_at"], row["healed_at"], row["bit"]) == (
+        "f2", "reset_peer", "p2", 6.01, 8.01, False)
+    assert row["evidence"] == {"bit": False}
+
+
+def test_a_fault_named_as_its_kind_is_shown_once(hb):
+    hb.fault("pause", "pause", 1, 5, {"bit": False})
+    r = evidence.check(hb.ops, Snapshots(), {})
+    assert "; pause (phase stall): did not bite" in r.summary
+
+
+def test_passing_summary_lists_the_faults(hb):
+    hb.fault("f1", "latency", 1, 5, {"bit": True})
+    hb.fault("f2", "latency", 6, 8, {"bit": True})
+    r = evidence.check(hb.ops, Snapshots(), {})
+    assert r.summary == "all 2 faults bit: f1, f2"
+    assert evidence.check([], Snapshots(), {}).summary == "no faults in this scenario"

@@ -68,3 +68,37 @@ def test_hit_without_prompt_tokens_is_unknown(hb):
 def test_common_prefix_len():
     assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_len([], [1]) == 0
+
+
+def test_a_failed_requests_output_explains_no_hit(hb):
+    # a-1 failed: only its prompt was computed, so its "output" tokens are no cache source.
+    hb.request("a-1", SHARED[:300], [1, 2, 3, 4], tenant="A", t0=0, t1=1, outcome="fail")
+    hb.request("a-2", SHARED[:300] + [1, 2, 3, 4, 5], [9], tenant="A", external=304, t0=2, t1=3)
+    r = isolation.check(hb.ops, Snapshots(), {})
+    assert r.verdict == "failed"
+    v = r.details["violations"][0]
+    assert (v["same_tenant_lcp"], v["same_tenant_source"]) == (300, "a-1")
+
+
+def test_phantom_hit_without_salt_names_no_source(hb):
+    hb.request("x-0", [7], [9], t0=0, t1=1)
+    hb.request("x-1", [8] + SHARED, [9], external=256, t0=2, t1=3)
+    r = isolation.check(hb.ops, Snapshots(), {})
+    v = r.details["violations"][0]
+    assert (v["same_tenant_lcp"], v["same_tenant_source"], v["other_request_id"]) == (0, None, None)
+    assert r.details["tenants"] == ["(no salt)"]
+    assert r.summary == ("req x-1 (tenant (no salt)) reused 256 cached tokens but its tenant's longest "
+                         "common prefix is 0: no request in the history shares that prefix (phantom hit "
+                         "or stale cache)")
+
+
+def test_source_is_the_first_of_equal_prefixes_and_a_one_token_match_counts(hb):
+    hb.request("a-1", [5, 6, 7], [9], tenant="A", t0=0, t1=1)
+    hb.request("a-2", [5, 6, 8], [9], tenant="A", t0=0, t1=1, process="client-1")
+    hb.request("a-3", [5, 6, 1, 2], [9], tenant="A", external=3, t0=2, t1=3)
+    hb.request("b-1", [4], [9], tenant="B", t0=0, t1=1, process="client-2")
+    hb.request("b-2", [4, 1, 2], [9], tenant="B", external=2, t0=2, t1=3, process="client-2")
+    r = isolation.check(hb.ops, Snapshots(), {})
+    got = {v["request_id"]: (v["same_tenant_lcp"], v["same_tenant_source"]) for v in r.details["violations"]}
+    assert got == {"a-3": (2, "a-1"), "b-2": (1, "b-1")}
+    assert r.summary.endswith("(and 1 more)")

@@ -72,3 +72,38 @@ def test_first_difference():
     assert first_difference([1, 2], [1, 3]) == 1
     assert first_difference([1, 2], [1]) == 1
     assert first_difference([], [4]) == 0
+
+
+def test_mismatch_detail_every_field(hb):
+    from chaos.checks.recompute_equivalence import mismatch_detail
+    from chaos.checks.requests import requests
+
+    hb.request("w-9", list(range(300)), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], external=256, local=16,
+               tenant="t-1", phase="hit", load_failed=0, preemptions=2, finish="stop")
+    (rec,) = requests(hb.ops)
+    expected = [1, 2, 3, 4, 5, 6, 0, 8, 9, 10, 11, 12]
+    d = mismatch_detail(rec, expected, 6)
+    assert d == {
+        "request_id": "w-9", "phase": "hit", "tenant": "t-1", "request_class": "lmcache_hit_partial",
+        "cached_token_stats": {"local_cache_hit_tokens": 16, "external_cache_hit_tokens": 256, "lookup": "hit",
+                               "load_failed_tokens": 0, "num_preemptions": 2},
+        "prompt_tokens": 300, "position": 6, "window_start": 2,
+        "expected_window": [3, 4, 5, 6, 0, 8, 9, 10, 11], "actual_window": [3, 4, 5, 6, 7, 8, 9, 10, 11],
+        "expected_len": 12, "actual_len": 12, "finish_reason": "stop",
+        "line": ("req w-9 (lmcache_hit_partial, 256 tokens from LMCache, 16 tokens from local prefix cache, "
+                 "preempted 2x): token 6 differs: expected 0, got 7")}
+
+
+def test_mismatch_line_for_lengths_and_unclassified(hb):
+    from chaos.checks.recompute_equivalence import mismatch_detail, mismatch_line
+    from chaos.checks.requests import RequestRecord, requests
+
+    hb.request("w-1", [1, 2], [5, 6, 7], load_failed=256)
+    (rec,) = requests(hb.ops)
+    # The actual output is longer than expected, equal on the expected part.
+    assert mismatch_line(rec, [5, 6], 2) == (
+        "req w-1 (load_failure_recompute, 256 tokens failed to load): output length differs: "
+        "expected 2 tokens, got 3")
+    bare = RequestRecord(request_id="w-2", invoke_time=0.0)
+    assert mismatch_line(bare, [1], 0) == "req w-2 (unclassified): output length differs: expected 1 tokens, got 0"
+    assert mismatch_detail(bare, [1], 0)["cached_token_stats"] is None

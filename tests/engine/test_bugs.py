@@ -308,3 +308,74 @@ def test_bugs_planted_through_environment(make_engine, monkeypatch: pytest.Monke
                                    "retry-failed-load-forever"]
     monkeypatch.delenv("KVCHAOS_ENGINE_BUGS")
     assert make_engine("env-clean", []).state()["bugs"] == []
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_store_after_hit_wrong_blocks(planted: bool, make_engine, twin: Engine,
+                                      clean_small: Engine) -> None:
+    """A store that starts after an LMCache hit must take its own chunks' blocks.
+
+    Three turns: the second hits the first's 2 chunks and stores chunk 3 after that partial
+    hit; the third hits chunk 3. Only the third reads what the store after the hit wrote.
+    """
+    eng = engine_for(planted, "store-after-hit-wrong-blocks", clean_small, make_engine)
+    p1 = random_prompt(f"bugs:{1500 + planted}", 600)
+    p2 = p1 + random_prompt(f"bugs:{1510 + planted}", 250)
+    p3 = p2 + random_prompt(f"bugs:{1520 + planted}", 100)
+    eng.complete(p1, 2)
+    second = eng.complete(p2, 2)
+    assert stats(second)["external_cache_hit_tokens"] == 512  # a partial hit; stores [512, 768)
+    third = eng.complete(p3, 24, ignore_eos=True)
+    assert stats(third)["external_cache_hit_tokens"] == 768
+    assert (ids(third) != ids(twin.complete(p3, 24, ignore_eos=True))) == planted
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_keep_locks_on_local_hit(planted: bool, make_engine, lmcache_stack: LMCacheStack) -> None:
+    """F8: the local prefix cache covers the whole LMCache hit; the lookup's locks must go."""
+    args = ["--num-blocks", "200", "--enable-prefix-caching", *lmcache_args(lmcache_stack)]
+    if planted:
+        args += ["--bug", "keep-locks-on-local-hit"]
+    eng = make_engine(f"local-cover-{planted}", args)
+    p = random_prompt(f"bugs:{1600 + planted}", 600)
+    eng.complete(p, 2)
+    before = lmcache_stack.l1()["read_locked_count"]
+    r = eng.complete(p + [65, 66], 2)  # local hit 512 covers LMCache's 512
+    assert stats(r)["local_cache_hit_tokens"] == 512 and stats(r)["external_cache_hit_tokens"] == 0
+    deadline = time.monotonic() + 5
+    while lmcache_stack.l1()["read_locked_count"] > before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (lmcache_stack.l1()["read_locked_count"] > before) == planted
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_short_free_after_failed_load(planted: bool, make_engine, clean_fragile: Engine,
+                                      fragile_stack: LMCacheStack) -> None:
+    """A retrieve the adapter drops (LMCache unhealthy) leaves the lookup's locks on the server:
+    the engine must free them all once LMCache is back.
+
+    The engine is held before its retrieve while LMCache is frozen long enough for the
+    heartbeat to fail, so the retrieve is dropped unsent (the server never releases its locks
+    itself, unlike a retrieve that times out on a frozen server).
+    """
+    eng = engine_for(planted, "short-free-after-failed-load", clean_fragile, make_engine)
+    p = random_prompt(f"bugs:{1700 + planted}", 1100)
+    eng.complete(p, 2)
+    time.sleep(0.5)
+    before = fragile_stack.l1()["read_locked_count"]
+    eng.client.post("/hooks/stall", json={"point": "before_retrieve", "seconds": 4.0})
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(eng.complete(p, 8, ignore_eos=True)))
+    t.start()
+    time.sleep(1.0)  # lookup done (a hit, 4 chunks locked), scheduler held before the retrieve
+    fragile_stack.server.signal(signal.SIGSTOP)
+    try:
+        time.sleep(5.0)  # heartbeats fail; the retrieve is dropped while LMCache is frozen
+    finally:
+        fragile_stack.server.signal(signal.SIGCONT)
+    t.join(timeout=60)
+    assert stats(result)["load_failed_tokens"] == 1024
+    deadline = time.monotonic() + 15
+    while fragile_stack.l1()["read_locked_count"] > before and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert (fragile_stack.l1()["read_locked_count"] > before) == planted
