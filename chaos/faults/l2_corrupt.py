@@ -142,6 +142,12 @@ class L2Corrupt(Fault):
     """Corrupt what the L2 holds at apply (and every ``repeat_every`` while active)."""
 
     params_model = L2CorruptParams
+
+    @classmethod
+    def capability_needs(cls, params: FaultParams) -> set[str]:
+        """The L2 tier(s) ``target`` names; ``both`` needs at least one of them."""
+        target = getattr(params, "target", "both")
+        return {{"fs": "l2.fs", "redis": "l2.redis"}.get(target, "l2.fs|l2.redis")}
     params: L2CorruptParams
 
     def __init__(self, params: FaultParams) -> None:
