@@ -6,7 +6,7 @@ KVCHAOS := $(VENV)/bin/kvchaos
 # The default suite of `make demo`: no fault, a lookup stall, a node exit.
 SUITE ?= scenarios/smoke.yaml scenarios/lookup-timeout.yaml scenarios/node-exit-lmcache.yaml
 
-.PHONY: setup image demo test test-fast zoo bench clean
+.PHONY: setup image demo test test-fast zoo zoo-tolerant bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -31,6 +31,18 @@ test-fast: setup
 ## The bug zoo: the catalogue against the clean engine and each planted bug (reports/zoo/).
 zoo: setup
 	$(KVCHAOS) zoo $(ZOO_ARGS)
+
+## Verdicts that survive engines that are not bit-exact: the zoo with the reference engine's
+## batch-dependent numerics and recompute_equivalence in tolerant mode, three times (the clean
+## catalogue must pass every time, every planted bug must still be caught), then the clean
+## catalogue in exact mode on the same numerics, which must fail (the mode is needed).
+## Rates per cell (noise floor, hit-path divergence) in reports/zoo-tolerant/matrix.md.
+ZOO_TOLERANT_ARGS ?= --repeat 3
+zoo-tolerant: setup
+	$(KVCHAOS) zoo --numerics batch-dependent --equivalence tolerant --out reports/zoo-tolerant $(ZOO_TOLERANT_ARGS)
+	$(KVCHAOS) run scenarios/ --numerics batch-dependent --report-dir reports/zoo-tolerant/exact-mode; \
+	  rc=$$?; if [ $$rc -ne 1 ]; then echo "exact mode on batch-dependent numerics exited $$rc, expected 1 (a check failed)"; exit 1; fi; \
+	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
 
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py

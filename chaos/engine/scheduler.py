@@ -95,6 +95,8 @@ class EngineCore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started_at = time.time()
+        #: Blocks the planted ``hold-blocks-on-abort`` bug never freed.
+        self.held_blocks = 0
 
     # ---- thread-safe entry points -----------------------------------------------------
     @property
@@ -591,6 +593,10 @@ class EngineCore:
         """Abort ``req``: free blocks; free lookup locks and end the LMCache session."""
         self.metrics.inc("kvchaos_engine_aborts_total")
         leak = "skip-abort-cleanup" in self.bugs and error is None
+        if "hold-blocks-on-abort" in self.bugs and error is None and req.block_table:
+            # Planted bug: the blocks stay allocated and nobody owns them any more.
+            self.held_blocks += len(req.block_table)
+            req.block_table = []
         if req.lookup_status == "pending" and not leak:
             # The prefetch may still take locks: finish it, then free them (F9).
             self._release_blocks_only(req)
