@@ -129,14 +129,18 @@ def _row(path: Path, scenario: Scenario) -> dict[str, Any]:
 
 
 def runnable_on(scenario: Scenario, spec: Any) -> list[str]:
-    """Why ``scenario`` cannot run on the loaded stack ``spec``: one line per missing
-    capability, unknown link or unknown service (empty: it runs there)."""
+    """Why ``scenario`` cannot run on the loaded stack ``spec``, one short line each: a missing
+    capability (``engine.hooks.stall (fault 'stall' (hook))``), an unknown link or service
+    (empty: it runs there). ``kvchaos validate --stack`` gives the full messages."""
+    from chaos.scenario.needs import missing, scenario_needs
+
+    out = []
     try:
-        validate_against_stack(scenario, set(spec.settings.links), set(spec.services),
-                               capabilities=spec.capabilities(), stack_name=str(spec.path))
+        validate_against_stack(scenario, set(spec.settings.links), set(spec.services))
     except ConfigError as exc:
-        return [p.split(": ", 1)[-1] for p in exc.problems]
-    return []
+        out += [p.rsplit(": ", 1)[-1] for p in exc.problems]
+    out += [f"{n.capability} ({n.who})" for n in missing(scenario_needs(scenario), spec.capabilities())]
+    return out
 
 
 def list_scenarios(
@@ -179,15 +183,17 @@ def list_scenarios(
         from rich.console import Console
         from rich.table import Table
 
-        cols = ["name", "faults", "checks", "xfail", "file"] + ([f"on {stack}"] if spec is not None else [])
-        table = Table(*cols)
-        for row in rows:
-            cells = [row["name"], ", ".join(row["faults"]) or "-", ", ".join(row["checks"]),
-                     row["xfail"] or "", row["file"]]
-            if spec is not None:
-                cells.append("runnable" if row["runnable"] else "NOT RUNNABLE: " + "; ".join(row["needs"]))
-            table.add_row(*cells)
-        Console(width=240).print(table)
+        if spec is None:
+            table = Table("name", "faults", "checks", "xfail", "file")
+            for row in rows:
+                table.add_row(row["name"], ", ".join(row["faults"]) or "-", ", ".join(row["checks"]),
+                              row["xfail"] or "", row["file"])
+        else:
+            table = Table("name", "faults", f"on {stack}")
+            for row in rows:
+                table.add_row(row["name"], ", ".join(row["faults"]) or "-",
+                              "runnable" if row["runnable"] else "needs " + "; ".join(row["needs"]))
+        Console(width=200).print(table)
         if spec is not None:
             n_bad = sum(not r["runnable"] for r in rows)
             typer.echo(f"{len(rows) - n_bad} of {len(rows)} scenarios run on {stack}"

@@ -164,6 +164,8 @@ class CompletionClient:
             "prompt": req.prompt_token_ids,
             "max_tokens": req.max_tokens,
             "stream": req.stream,
+            # vLLM (>= 0.10.2) and SGLang return the generated token ids only when asked.
+            "return_token_ids": True,
             **SAMPLING,
         }
         if req.cache_salt is not None:
