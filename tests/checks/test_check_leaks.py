@@ -54,3 +54,34 @@ def test_no_source_at_all_is_unknown():
 def test_missing_field_in_final_reading_is_unknown():
     snap = Snapshots(leak_samples=[LeakSample(source="lmcache", time=1, values={"staging_bytes": None})])
     assert leaks.check([], snap, {}).verdict == "unknown"
+
+
+def _gauges(series):
+    return [LeakSample(source="engine-metrics", time=10 + i, values={"kv_cache_usage": v, "running": 0.0})
+            for i, v in enumerate(series)]
+
+
+def test_before_faults_baseline_gauge_back_at_baseline_passes():
+    snap = Snapshots(leak_samples=_gauges([0.5, 0.25]),
+                     leak_baselines={"engine-metrics": {"kv_cache_usage": 0.25, "running": 0.0}})
+    r = leaks.check([], snap, None)
+    assert r.verdict == "passed", r.summary
+    assert r.details["sources"]["engine-metrics"]["baseline"]["kv_cache_usage"] == 0.25
+
+
+def test_before_faults_baseline_gauge_above_baseline_fails_naming_it():
+    snap = Snapshots(leak_samples=_gauges([0.5, 0.3]), quiesce_waited_s=4.0,
+                     leak_baselines={"engine-metrics": {"kv_cache_usage": 0.25, "running": 0.0}})
+    r = leaks.check([], snap, None)
+    assert r.verdict == "failed"
+    assert r.summary == "still held after 4s of quiesce: engine-metrics.kv_cache_usage=0.3 (baseline 0.25)"
+
+
+def test_below_baseline_is_not_a_leak_but_an_unread_baseline_is_unknown():
+    below = Snapshots(leak_samples=_gauges([0.1]), leak_baselines={"engine-metrics": {"kv_cache_usage": 0.25,
+                                                                                      "running": 0.0}})
+    assert leaks.check([], below, None).verdict == "passed"
+    unread = Snapshots(leak_samples=_gauges([0.0]), leak_baselines={"engine-metrics": {"kv_cache_usage": None,
+                                                                                       "running": 0.0}})
+    r = leaks.check([], unread, None)
+    assert r.verdict == "unknown" and "kv_cache_usage (baseline before the faults)" in r.summary
