@@ -19,7 +19,12 @@ tie). Both sides are asked for top-2 logprobs. A divergence is *benign* only und
 rule of LMCache's own preemption correctness test (``Divergence.benign`` in
 ``.buildkite/k3_tests/multiprocess/scripts/preemption_correctness.py``): at the first differing
 token the twin's top-1/top-2 logprob gap is at most ``margin_nats`` (0.1) and the engine
-produced the twin's runner-up. Anything else is *hard*. The noise floor is measured in the same
+produced the twin's runner-up. LMCache's test takes the reference's ranking as the truth; on an
+engine that is not batch-invariant the twin's ranking is one noisy sample too, so the rule is
+also applied from the engine's side (its own top-1/top-2 gap at most ``margin_nats`` and the
+twin's token its runner-up): a three-way near-tie ranked A>B>C by the twin and C>A>B by the
+engine is benign, a token the engine is sure of and the twin is not (or the reverse) is not.
+Anything else is *hard*. The noise floor is measured in the same
 run: the twin asked every prompt again, one at a time (``snapshots.recompute_replay``).
 - unknown: no request completed; the floor could not be measured; the twin diverges from
   itself with a hard divergence (the margin rule does not describe this engine's noise); a
@@ -178,8 +183,17 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
 
 # --- tolerant mode ---------------------------------------------------------------------------
 
+def _near_tie(alts: list | None, other_token: int, margin_nats: float) -> tuple[float | None, bool | None]:
+    """(top-1/top-2 gap, whether ``other_token`` is the runner-up) of one side's top-2 at a
+    position; (None, None) when that side's logprobs are missing."""
+    if not alts or len(alts) < 2:
+        return None, None
+    (_t1, lp1), (t2, lp2) = alts[0][:2], alts[1][:2]
+    return float(lp1) - float(lp2), int(t2) == other_token
+
+
 def divergence(expected: list[int], actual: list[int], top: list | None, *, aborted: bool,
-               margin_nats: float) -> dict[str, Any] | None:
+               margin_nats: float, actual_top: list | None = None) -> dict[str, Any] | None:
     """Classify how ``actual`` departs from ``expected`` (None: it does not).
 
     Args:
@@ -189,11 +203,15 @@ def divergence(expected: list[int], actual: list[int], top: list | None, *, abor
             not available).
         aborted: the request was aborted (``actual`` need only be a prefix).
         margin_nats: the margin rule's largest benign top-1/top-2 gap.
+        actual_top: the engine's own top-2 per generated token (None: not available); the
+            rule is applied from its side too.
 
     Returns:
-        ``{"position", "expected_token", "actual_token", "gap", "runner_up", "benign"}``;
-        ``benign`` is None when the twin's logprobs at that position are missing, False for a
-        length difference or a token that breaks the margin rule.
+        ``{"position", "expected_token", "actual_token", "gap", "runner_up", "engine_gap",
+        "engine_runner_up", "benign"}`` (``gap``/``runner_up``: the twin's view); ``benign`` is
+        None when neither side's logprobs at that position are there and the twin's are
+        missing, False for a length difference or a token that breaks the margin rule from
+        both sides.
     """
     if aborted and actual == expected[:len(actual)]:
         return None
@@ -202,17 +220,21 @@ def divergence(expected: list[int], actual: list[int], top: list | None, *, abor
         return None
     out: dict[str, Any] = {"position": pos, "expected_token": expected[pos] if pos < len(expected) else None,
                            "actual_token": actual[pos] if pos < len(actual) else None,
-                           "gap": None, "runner_up": None, "benign": False}
+                           "gap": None, "runner_up": None, "engine_gap": None, "engine_runner_up": None,
+                           "benign": False}
     if out["expected_token"] is None or out["actual_token"] is None:
         return out  # a length difference is never numerical noise
-    alts = top[pos] if top is not None and pos < len(top) else None
-    if not alts or len(alts) < 2:
-        out["benign"] = None
+    out["gap"], out["runner_up"] = _near_tie(top[pos] if top is not None and pos < len(top) else None,
+                                             out["actual_token"], margin_nats)
+    out["engine_gap"], out["engine_runner_up"] = _near_tie(
+        actual_top[pos] if actual_top is not None and pos < len(actual_top) else None,
+        out["expected_token"], margin_nats)
+    if out["gap"] is None:
+        out["benign"] = None  # the twin's view is the rule's; without it nothing is decided
         return out
-    (t1, lp1), (t2, lp2) = alts[0][:2], alts[1][:2]
-    out["gap"] = float(lp1) - float(lp2)
-    out["runner_up"] = int(t2) == out["actual_token"]
-    out["benign"] = bool(out["runner_up"] and out["gap"] <= margin_nats)
+    twin_view = bool(out["runner_up"] and out["gap"] <= margin_nats)
+    engine_view = bool(out["engine_runner_up"] and out["engine_gap"] is not None and out["engine_gap"] <= margin_nats)
+    out["benign"] = twin_view or engine_view
     return out
 
 
@@ -245,7 +267,8 @@ def _tolerant(done: list[RequestRecord], snapshots: Snapshots, cfg: RecomputeEqu
     pairs, missing = _paired(done, snapshots)
     for rec, exp in pairs:
         d = divergence(exp, rec.token_ids, snapshots.expected_top_logprobs.get(rec.request_id),
-                       aborted=rec.finish_reason == "abort", margin_nats=margin)
+                       aborted=rec.finish_reason == "abort", margin_nats=margin,
+                       actual_top=rec.end_value.get("top_logprobs"))
         counts = path["hit" if rec.hit_tokens > 0 else "miss"]
         counts[0] += 1
         if d is None:
@@ -260,7 +283,8 @@ def _tolerant(done: list[RequestRecord], snapshots: Snapshots, cfg: RecomputeEqu
         if exp is None:
             continue
         floor["replayed"] += 1
-        d = divergence(exp, rep, snapshots.expected_top_logprobs.get(rid), aborted=False, margin_nats=margin)
+        d = divergence(exp, rep, snapshots.expected_top_logprobs.get(rid), aborted=False, margin_nats=margin,
+                       actual_top=snapshots.recompute_replay_top_logprobs.get(rid))
         if d is None:
             continue
         floor["diverged"] += 1
@@ -293,7 +317,10 @@ def _tolerant(done: list[RequestRecord], snapshots: Snapshots, cfg: RecomputeEqu
         if x["gap"] is None:
             return x["line"]
         why = "not the twin's runner-up" if not x["runner_up"] else f"gap {x['gap']:.3f} > {margin:g} nats"
-        return f"{x['line']} (twin's top-1/top-2 gap {x['gap']:.3f} nats; {why})"
+        eng = "" if x["engine_gap"] is None else (
+            f"; engine's own gap {x['engine_gap']:.3f} nats, the twin's token "
+            + ("its runner-up" if x["engine_runner_up"] else "not its runner-up"))
+        return f"{x['line']} (twin's top-1/top-2 gap {x['gap']:.3f} nats; {why}{eng})"
 
     if not done:
         return result("unknown", "no request completed: nothing to compare with recompute")

@@ -63,7 +63,7 @@ def serve(
         "exact", help="exact (bit-exact) | batch-dependent (results depend on the batch size, as "
         "non-batch-invariant GPU kernels do; for recompute_equivalence's tolerant mode)."),
     batch_noise: float = typer.Option(
-        2e-3, help="batch-dependent numerics: relative size of the offset per layer."),
+        1e-3, help="batch-dependent numerics: relative size of the offset per layer."),
     bug: Optional[list[str]] = typer.Option(  # noqa: UP007 - typer needs Optional here
         None, help="Plant a known bug (repeatable; also KVCHAOS_ENGINE_BUGS, comma-separated): "
         + "; ".join(f"{k}: {v}" for k, v in BUGS.items())),

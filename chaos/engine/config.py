@@ -50,7 +50,7 @@ class EngineConfig:
     threads: int = 1
     bugs: list[str] = field(default_factory=list)
     numerics: str = "exact"
-    batch_noise: float = 2e-3
+    batch_noise: float = 1e-3
 
     def validate(self) -> None:
         """Check the settings.

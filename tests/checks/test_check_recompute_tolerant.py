@@ -109,3 +109,15 @@ def test_tolerant_mode_needs_logprobs():
     spec = get("recompute_equivalence")
     assert spec.capability_needs(None) == {"recompute"}
     assert spec.capability_needs({"mode": "tolerant"}) == {"recompute", "engine.logprobs"}
+
+
+def test_the_rule_from_the_engines_side_too():
+    """A three-way near-tie: the twin ranks 5 > 9 > 4, the engine 4 > 5 (gap 0.01): the
+    engine's token is not the twin's runner-up, yet the twin's token is the engine's runner-up
+    within the margin, so the flip is noise. A confident engine token is not."""
+    engine_unsure = [[[4, -0.69], [5, -0.70]], [[1, -0.1], [2, -3.0]], [[1, -0.1], [2, -3.0]]]
+    d = divergence(EXP, [4, 1, 1], EXP_TOP, aborted=False, margin_nats=0.1, actual_top=engine_unsure)
+    assert d["benign"] and not d["runner_up"] and d["engine_runner_up"] and abs(d["engine_gap"] - 0.01) < 1e-9
+    engine_sure = [[[4, -0.01], [5, -3.0]], [[1, -0.1], [2, -3.0]], [[1, -0.1], [2, -3.0]]]
+    assert divergence(EXP, [4, 1, 1], EXP_TOP, aborted=False, margin_nats=0.1,
+                      actual_top=engine_sure)["benign"] is False
