@@ -146,3 +146,17 @@ def test_sglang_engine_command_writes_the_lmcache_client_config(tmp_path: Path) 
     link = spec.settings.links["engine-lmcache"].listen
     assert config == {"mp_host": "tcp://127.0.0.1", "mp_port": int(link.rsplit(":", 1)[1]),
                       "extra_config": {"lmcache.mp.mq_timeout": 5}}
+
+
+def test_run_refuses_overrides_the_gpu_stack_cannot_honour() -> None:
+    """`run --stack vllm --numerics batch-dependent` (a reference-engine mode) is refused before
+    anything starts; tolerant mode needs logprobs, which vLLM has and SGLang's stack lacks."""
+    from chaos.runner.suite import load_and_validate
+    from chaos.yamlsource import ConfigError
+
+    smoke = [CATALOGUE / "smoke.yaml"]
+    with pytest.raises(ConfigError, match="var:KVCHAOS_ENGINE_NUMERICS"):
+        load_and_validate(smoke, VLLM, numerics="batch-dependent")
+    assert load_and_validate(smoke, VLLM, equivalence="tolerant")[0].checks.recompute_equivalence.mode == "tolerant"
+    with pytest.raises(ConfigError, match="engine.logprobs"):
+        load_and_validate(smoke, SGLANG, equivalence="tolerant")
