@@ -15,7 +15,7 @@ export KVCHAOS_TOXIPROXY_BIN
 NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos
 
-.PHONY: setup image demo test test-fast test-real-proxy test-loaded zoo coverage coverage-docs mutation mutation-engine bench bench-load clean
+.PHONY: setup image demo test test-fast test-real-proxy test-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load clean
 
 setup:
 	bash scripts/setup.sh
@@ -77,6 +77,17 @@ mutation: setup
 ## whose coverage record reaches each (~3 min per mutant; MUTANTS=8).
 mutation-engine: setup
 	$(PY) scripts/mutate_engine.py --sample $(or $(MUTANTS),8)
+## Verdicts that survive engines that are not bit-exact: the zoo with the reference engine's
+## batch-dependent numerics and recompute_equivalence in tolerant mode, three times (the clean
+## catalogue must pass every time, every planted bug must still be caught), then the clean
+## catalogue in exact mode on the same numerics, which must fail (the mode is needed).
+## Rates per cell (noise floor, hit-path divergence) in reports/zoo-tolerant/matrix.md.
+ZOO_TOLERANT_ARGS ?= --repeat 3
+zoo-tolerant: setup
+	$(KVCHAOS) zoo --numerics batch-dependent --equivalence tolerant --out reports/zoo-tolerant $(ZOO_TOLERANT_ARGS)
+	$(KVCHAOS) run scenarios/ --numerics batch-dependent --report-dir reports/zoo-tolerant/exact-mode; \
+	  rc=$$?; if [ $$rc -ne 1 ]; then echo "exact mode on batch-dependent numerics exited $$rc, expected 1 (a check failed)"; exit 1; fi; \
+	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
 
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py

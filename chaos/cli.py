@@ -223,6 +223,10 @@ def run_cmd(
     stack: Path | None = typer.Option(None, "--stack", help="run every scenario on this stack file "
                                       "instead of its own (e.g. compose/vllm-lmcache.yml on a GPU host)"),
     proxy: str | None = typer.Option(None, "--proxy", envvar="KVCHAOS_PROXY", help=PROXY_OPTION_HELP),
+    numerics: str | None = typer.Option(None, "--numerics", help="run every scenario's engine with these "
+                                        "numerics: exact | batch-dependent (reference engine)"),
+    equivalence: str | None = typer.Option(None, "--equivalence", help="recompute_equivalence mode for "
+                                           "every scenario: exact | tolerant (engines that are not bit-exact)"),
 ) -> None:
     """Run chaos scenarios against their stacks and check the invariants.
 
@@ -238,16 +242,22 @@ def run_cmd(
         print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
         raise typer.Exit(EXIT_INVALID)
     _select_proxy(proxy)
+    if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
+        print("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant",
+              file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID)
     try:
         paths = [p for root in scenarios for p in discover_scenarios(root)]
         if not paths:
             print(f"error: no scenario files in {', '.join(map(str, scenarios))}", file=sys.stderr)
             raise typer.Exit(EXIT_INVALID)
-        loaded = load_and_validate(paths, stack)
+        loaded = load_and_validate(paths, stack, bugs=list(bug) if bug else None, numerics=numerics,
+                                   equivalence=equivalence)
     except ConfigError as exc:
         fail_config(exc)
     opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,
-                        engine_bugs=list(bug) if bug else None, timeout_s=timeout)
+                        engine_bugs=list(bug) if bug else None, timeout_s=timeout,
+                        engine_numerics=numerics, equivalence_mode=equivalence)
     try:
         with console.status("starting") as status:
             def say(msg: str) -> None:

@@ -56,6 +56,7 @@ ZOO_MAP: dict[str, list[str]] = {
     "keep-locks-on-local-hit": ["apc-local-covers-hit", "apc-partial-chunk"],
     "store-after-hit-wrong-blocks": ["conversation-store-after-hit"],
     "short-free-after-failed-load": ["retrieve-dropped-slow-link", "retrieve-fail-after-lookup"],
+    "hold-blocks-on-abort": ["cancel-storm"],
 }
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
@@ -104,6 +105,9 @@ class ZooMatrix:
         runs: report folder per run, same keys as ``cells``.
         failed_checks: names of the checks that did not pass in each run (what caught a bug,
             or what failed the clean engine), same keys as ``cells``.
+        equivalence: recompute_equivalence's rates in tolerant mode, same keys as ``cells``:
+            ``{"noise_floor": [diverged, replayed], "hit_path": [diverged, requests],
+            "hard": n, "verdict": str}``.
     """
 
     rows: list[str]
@@ -112,6 +116,7 @@ class ZooMatrix:
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     runs: dict[str, dict[str, str]] = field(default_factory=dict)
     failed_checks: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    equivalence: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def cell(self, row: str, column: str) -> Cell:
         """The cell at (row, column), "-" when that pair was not run."""
@@ -152,6 +157,7 @@ class ZooMatrix:
             "seconds": self.seconds,
             "runs": self.runs,
             "failed_checks": self.failed_checks,
+            "equivalence": self.equivalence,
             "escaped": self.escaped(),
             "clean_failures": self.clean_failures(),
             "exit_code": self.exit_code(),
@@ -176,6 +182,17 @@ class ZooMatrix:
             lines.append("")
             lines += [f"- `{r}` / {c}: {', '.join(checks) or 'no check recorded'}" for r, c, checks in caught]
             lines.append("")
+        if self.equivalence:
+            lines += ["Tolerant recompute_equivalence, per cell: noise floor (the twin against itself) "
+                      "and hit-path divergence (requests served from a cache that differ from recompute), "
+                      "hard divergences (beyond the margin rule), verdict:", ""]
+            for r in self.rows:
+                for c in self.columns:
+                    e = self.equivalence.get(r, {}).get(c)
+                    if e:
+                        lines.append(f"- `{r}` / {c}: floor {_frac(e['noise_floor'])}, hit path "
+                                     f"{_frac(e['hit_path'])}, hard {e['hard']}, {e['verdict']}")
+            lines.append("")
         esc, bad = self.escaped(), self.clean_failures()
         lines.append(f"Escaped planted bugs: {', '.join(esc) if esc else 'none'}.")
         lines.append(f"Clean engine not passing: {', '.join(bad) if bad else 'none'}.")
@@ -189,6 +206,23 @@ class ZooMatrix:
         md.write_text(self.to_markdown())
         js.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return md, js
+
+
+def _frac(pair: list[int]) -> str:
+    part, whole = pair
+    return f"{part}/{whole}" + (f" ({part / whole:.0%})" if whole else "")
+
+
+def equivalence_rates(result: object) -> dict | None:
+    """The tolerant recompute_equivalence rates of a run (None: not run in tolerant mode)."""
+    for c in getattr(result, "checks", []):
+        d = c.details or {}
+        if c.name == "recompute_equivalence" and d.get("mode") == "tolerant":
+            floor, hits = d.get("noise_floor") or {}, d.get("hit_path") or {}
+            return {"noise_floor": [floor.get("diverged", 0), floor.get("replayed", 0)],
+                    "hit_path": [hits.get("diverged", 0), hits.get("requests", 0)],
+                    "hard": len(d.get("mismatches") or []), "verdict": c.verdict}
+    return None
 
 
 def compare_matrices(matrices: list[ZooMatrix], *, cells_only: bool = True) -> list[str]:
@@ -308,7 +342,8 @@ def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
 
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0,
-            say: Callable[[str], None] = lambda _m: None, coverage: object | None = None) -> ZooMatrix:
+            say: Callable[[str], None] = lambda _m: None, coverage: object | None = None,
+            numerics: str | None = None, equivalence: str | None = None) -> ZooMatrix:
     """Run the plan on one stack pool and fill the matrix.
 
     Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
@@ -323,6 +358,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
         say: progress lines.
         coverage: a ``chaos.coverage.EngineCoverage``: the engine records branch coverage,
             each cell under the context ``<row>/<scenario>``.
+        numerics: every row's engine numerics (``batch-dependent``); None keeps the scenarios'.
+        equivalence: every scenario's recompute_equivalence mode (``tolerant``); None keeps it.
 
     Raises:
         ConfigError: a scenario file is invalid.
@@ -333,7 +370,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     from chaos.stack.base import StackError, new_run_id
     from chaos.yamlsource import ConfigError
 
-    columns = [s.name for s in load_and_validate(scenario_paths)]
+    overrides = {"numerics": numerics, "equivalence": equivalence}
+    columns = [s.name for s in load_and_validate(scenario_paths, **overrides)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
 
     def on_sigterm(signum: int, _frame: object) -> None:
@@ -345,7 +383,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     try:
         for row, names in plan.items():
             bugs = [] if row == CLEAN else [row]
-            for scenario in load_and_validate(scenario_paths):
+            for scenario in load_and_validate(scenario_paths, **overrides):
                 if scenario.name not in names:
                     continue
                 scenario.engine.bugs = list(bugs)
@@ -375,6 +413,9 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 elapsed = time.monotonic() - t0
                 failing = [c.name for c in result.checks if c.verdict != "passed"]
                 matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
+                rates = equivalence_rates(result)
+                if rates is not None:
+                    matrix.equivalence.setdefault(row, {})[scenario.name] = rates
                 say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
     finally:
         pool.close()
@@ -399,6 +440,11 @@ def zoo(
                                help="run the whole zoo N times and require the same matrix each time"),
     coverage_dir: Path = typer.Option(None, "--coverage", help="also measure the engine's branch "
                                       "coverage per cell into this folder (chaos/coverage.py; local backend)"),
+    numerics: str = typer.Option(None, "--numerics", help="engine numerics of every row: exact | "
+                                 "batch-dependent (results depend on the batch, as non-batch-invariant "
+                                 "GPU kernels do)"),
+    equivalence: str = typer.Option(None, "--equivalence", help="recompute_equivalence mode of every "
+                                    "scenario: exact | tolerant (margin rule + noise floor)"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
@@ -425,9 +471,12 @@ def zoo(
         typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(BUGS))}", err=True)
         raise typer.Exit(2)
     names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
+    if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
+        typer.echo("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant", err=True)
+        raise typer.Exit(2)
     try:
         paths = discover_scenarios(scenarios_dir)
-        catalogue = [s.name for s in load_and_validate(paths)]
+        catalogue = [s.name for s in load_and_validate(paths, numerics=numerics, equivalence=equivalence)]
         skip = {n.strip() for s in (exclude or []) for n in s.split(",") if n.strip()}
         if skip - set(catalogue):
             raise ValueError(f"--exclude names unknown scenario(s) {sorted(skip - set(catalogue))}")
@@ -452,7 +501,8 @@ def zoo(
         if repeat > 1:
             typer.echo(f"zoo run {k} of {repeat}", err=True)
         matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
-                         say=lambda m: typer.echo(m, err=True), coverage=measure)
+                         say=lambda m: typer.echo(m, err=True), coverage=measure, numerics=numerics,
+                         equivalence=equivalence)
         matrices.append(matrix)
         if repeat > 1:
             matrix.write(out / f"run-{k}")

@@ -24,7 +24,7 @@ from chaos.scenario.checks import HitRecoveryConfig
 NAME = "hit_recovery"
 
 
-@register(NAME, HitRecoveryConfig)
+@register(NAME, HitRecoveryConfig, needs=("engine.cache_stats",))
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: HitRecoveryConfig | dict[str, Any] | None = None) -> CheckResult:
     """Request hit rate from LMCache over the requests of ``config.phases``.

@@ -63,7 +63,7 @@ def _name(tenant: str | None) -> str:
     return "(no salt)" if tenant is None else tenant
 
 
-@register(NAME, IsolationConfig)
+@register(NAME, IsolationConfig, needs=("engine.cache_stats",))
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: IsolationConfig | dict[str, Any] | None = None) -> CheckResult:
     """Flag cache hits that no earlier same-tenant request explains.

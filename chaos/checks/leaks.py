@@ -1,16 +1,21 @@
-"""leaks: once the stack is quiet, every lock, pin, session, staging byte and held block is 0.
+"""leaks: once the stack is quiet, every lock, pin, session, staging byte and held block is back.
 
-The runner polls each leak source (x-kvchaos `leak_sources`: an HTTP JSON endpoint and the
-fields to read from it) every `poll_interval_s` until all fields read 0 or `quiesce_s` passes,
-and records each reading in `snapshots.leak_samples`. A counter that is still above 0 at the
-final reading is a leak (F8 pins never released, F9 locks and sessions left by an abort).
+The runner polls each leak source (x-kvchaos `leak_sources`: an HTTP endpoint, JSON or
+Prometheus text, and the fields to read from it) every `poll_interval_s` until all fields are
+back at their baseline or `quiesce_s` passes, and records each reading in
+`snapshots.leak_samples`. The baseline is 0, or, for a source with `baseline: before_faults`
+(gauges such as vLLM's `vllm:num_requests_running` or `vllm:kv_cache_usage_perc`), what the
+source read before the first phase (`snapshots.leak_baselines`). A counter still off its
+baseline at the final reading is a leak (F8 pins never released, F9 locks and sessions left by
+an abort, blocks an engine never freed).
 
 Verdicts:
-- failed: some source's final reading has a field != 0; details list the last value per field,
-  its peak, and how long the runner waited.
+- failed: some source's final reading has a field != 0 (baseline zero) or above its baseline
+  (before_faults); details list the last value per field, its peak, its baseline, and how long
+  the runner waited.
 - unknown: a source never answered (only errors or nothing at all), a field was missing from
-  the final reading, or no leak source was polled.
-- passed: every source's final reading has every field == 0.
+  the final reading, a baseline could not be read, or no leak source was polled.
+- passed: every source's final reading has every field back at its baseline.
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ def _source_names(cfg: LeaksConfig, snapshots: Snapshots) -> list[str]:
     return names
 
 
-@register(NAME, LeaksConfig)
+def _needs(cfg: LeaksConfig) -> set[str]:
+    # The scenario's own sources replace the stack's.
+    return set() if cfg.sources is not None else {"leak_sources"}
+
+
+@register(NAME, LeaksConfig, needs_for=_needs)
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: LeaksConfig | dict[str, Any] | None = None) -> CheckResult:
     """Decide from the last reading of each leak source whether anything stayed held.
@@ -75,15 +85,25 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
                 if v is not None:
                     peak[f] = max(peak.get(f, v), v)
         info.update(final=final.values, peak=peak, time=final.time)
+        base = snapshots.leak_baselines.get(name)
+        if base is not None:
+            info["baseline"] = base
         for field, value in final.values.items():
             if value is None:
                 missing_fields.append(f"{name}.{field}")
+            elif base is not None:
+                if base.get(field) is None:
+                    missing_fields.append(f"{name}.{field} (baseline before the faults)")
+                elif value > base[field]:
+                    leaked.append({"source": name, "field": field, "value": value,
+                                   "peak": peak.get(field, value), "baseline": base[field]})
             elif value != 0:
                 leaked.append({"source": name, "field": field, "value": value, "peak": peak.get(field, value)})
     details = {"waited_s": waited, "sources": sources, "leaked": leaked,
                "unread_sources": unread, "missing_fields": missing_fields}
     if leaked:
-        held = ", ".join(f"{x['source']}.{x['field']}={x['value']:g}" for x in leaked)
+        held = ", ".join(f"{x['source']}.{x['field']}={x['value']:g}"
+                         + (f" (baseline {x['baseline']:g})" if "baseline" in x else "") for x in leaked)
         return CheckResult(name=NAME, verdict="failed",
                            summary=f"still held after {waited:g}s of quiesce: {held}", details=details)
     if not names:
@@ -98,4 +118,5 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
                            summary=f"field missing from the final reading: {', '.join(missing_fields)}",
                            details=details)
     return CheckResult(name=NAME, verdict="passed",
-                       summary=f"all counters of {', '.join(names)} are 0 after quiesce", details=details)
+                       summary=f"all counters of {', '.join(names)} are back at their baseline after quiesce",
+                       details=details)

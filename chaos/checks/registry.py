@@ -2,6 +2,13 @@
 
 Each check module registers itself on import (`@register("leaks", LeaksConfig)`); the name in
 the YAML, the registry, result.json, junit.xml and the HTML report is the same string.
+
+What a check needs from the stack is a registry field, declared the same way as a fault kind's
+(chaos/faults/base.py): `@register("hit_recovery", HitRecoveryConfig,
+needs=("engine.cache_stats",))` with capability names from chaos/stack/capabilities.py ("a|b":
+either), and `needs_for=fn(config) -> set[str]` when they depend on the check's settings
+(recompute_equivalence's tolerant mode needs logprobs). A scenario whose stack lacks one is
+rejected before anything starts (chaos.scenario.loader.validate_against_stack).
 """
 
 from __future__ import annotations
@@ -20,29 +27,53 @@ C = TypeVar("C", bound=BaseModel)
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """A registered check: its YAML name, function and config model."""
+    """A registered check: its YAML name, function, config model and what it needs."""
 
     name: str
     fn: CheckFn
     config_model: type[BaseModel]
     doc: str
+    needs: tuple[str, ...] = ()
+    needs_for: Callable[[Any], Iterable[str]] | None = None
+
+    def capability_needs(self, config: Any = None) -> set[str]:
+        """Capabilities the check needs with ``config`` (None: the defaults)."""
+        out = set(self.needs)
+        if self.needs_for is not None:
+            out |= set(self.needs_for(coerce_config(config, self.config_model)))
+        return out
 
 
 _REGISTRY: dict[str, CheckSpec] = {}
 
 
-def register(name: str, config_model: type[BaseModel]) -> Callable[[CheckFn], CheckFn]:
+def register(name: str, config_model: type[BaseModel], *, needs: Iterable[str] = (),
+             needs_for: Callable[[Any], Iterable[str]] | None = None) -> Callable[[CheckFn], CheckFn]:
     """Decorator: register `fn` as the check called `name` (its YAML key).
+
+    Args:
+        name: the YAML key under `checks:`.
+        config_model: the check's settings model.
+        needs: capabilities the check always needs (chaos/stack/capabilities.py).
+        needs_for: more needs from the settings, `fn(config) -> names`.
 
     Raises:
         ValueError: a check with that name is already registered.
+        TypeError: `needs` names an unknown capability.
     """
+    from chaos.stack.capabilities import is_known
+
+    needs = tuple(needs)
+    unknown = [n for need in needs for n in need.split("|") if not is_known(n)]
+    if unknown:
+        raise TypeError(f"check {name!r} needs unknown capabilities {unknown}; add them to "
+                        "chaos/stack/capabilities.py CAPABILITIES")
 
     def deco(fn: CheckFn) -> CheckFn:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"check {name!r} is registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
-        _REGISTRY[name] = CheckSpec(name, fn, config_model, doc[0] if doc else "")
+        _REGISTRY[name] = CheckSpec(name, fn, config_model, doc[0] if doc else "", needs, needs_for)
         return fn
 
     return deco

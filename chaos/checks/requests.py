@@ -26,7 +26,7 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, Field
 
 from chaos.history import Op
-from chaos.workload.classify import RequestClass, classify_value
+from chaos.workload.classify import RequestClass, classify_value, normalize_cache_stats
 
 OpType = Literal["invoke", "ok", "fail", "info"]
 
@@ -117,7 +117,7 @@ def _stats(value: dict[str, Any]) -> CachedTokenStats | None:
     raw = value.get("cached_token_stats")
     if raw is None:
         raw = (value.get("kv_transfer_params") or {}).get("cached_token_stats")
-    return CachedTokenStats.model_validate(raw) if isinstance(raw, dict) else None
+    return CachedTokenStats.model_validate(normalize_cache_stats(raw)) if isinstance(raw, dict) else None
 
 
 def _tenant(value: dict[str, Any]) -> str | None:

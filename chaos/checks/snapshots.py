@@ -10,6 +10,11 @@ answers "unknown" instead of guessing):
   is 0 or the quiesce deadline passes. `leak_errors`: polls that failed.
 - `service_exits`: every service process that exited during the run, and whether a fault
   (process kill) caused it.
+- `leak_baselines`: each leak source's reading before the first phase (for sources whose
+  fields must return to that baseline rather than to 0).
+- `expected_top_logprobs`, `recompute_replay`, `recompute_replay_top_logprobs`: for
+  recompute_equivalence's tolerant mode, the twin's top-2 logprobs of every expected token,
+  and the twin asked again (its noise floor).
 """
 
 from __future__ import annotations
@@ -61,6 +66,14 @@ class Snapshots(BaseModel):
 
     Attributes:
         expected: request_id -> expected output token ids from the recompute twin.
+        expected_top_logprobs: request_id -> per expected token, the twin's top-2
+            alternatives ``[[id, logprob], [id, logprob]]`` (tolerant mode only).
+        recompute_replay: request_id -> token ids of the twin asked the same prompt again, one
+            request at a time (one id per distinct prompt; tolerant mode only): the noise floor.
+        recompute_replay_top_logprobs: the replay's top-2 logprobs, same keys.
+        recompute_replay_error: why the replay could not be made (None: made or not asked).
+        leak_baselines: source name -> field -> reading before the first phase (None: that
+            field could not be read), for ``baseline: before_faults`` sources.
         leak_sources: names of the leak sources the runner polled (so a source that never
             answered is visible even with no sample and no error).
         leak_samples: chronological readings, all sources mixed.
@@ -71,6 +84,11 @@ class Snapshots(BaseModel):
     """
 
     expected: dict[str, list[int]] = Field(default_factory=dict)
+    expected_top_logprobs: dict[str, list[list[list[float]]]] = Field(default_factory=dict)
+    recompute_replay: dict[str, list[int]] = Field(default_factory=dict)
+    recompute_replay_top_logprobs: dict[str, list[list[list[float]]]] = Field(default_factory=dict)
+    recompute_replay_error: str | None = None
+    leak_baselines: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     leak_sources: list[str] = Field(default_factory=list)
     leak_samples: list[LeakSample] = Field(default_factory=list)
     leak_errors: list[LeakError] = Field(default_factory=list)

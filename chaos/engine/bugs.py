@@ -30,6 +30,11 @@ BUGS: dict[str, str] = {
         "a timed-out lookup is polled again; the adapter raises KeyError and the engine dies",
     # F11: the client never reconnects after losing the LMCache server.
     "no-reconnect": "once LMCache is unhealthy, never use it again (no lookups, stores, hits)",
+    # Engine-side leak: the request leaves the engine's table but its KV blocks stay allocated
+    # (seen only in the pool's usage: vllm:kv_cache_usage_perc, not in /debug/state's
+    # blocks_held_by_requests, which counts the table).
+    "hold-blocks-on-abort":
+        "on a client abort, the request is dropped but its KV blocks are never freed",
     # store ordering: the chunk's KV is not computed yet when it is stored.
     "store-before-compute":
         "full chunks are stored right after allocation, before their KV is computed",

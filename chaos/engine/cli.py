@@ -59,6 +59,11 @@ def serve(
     lmcache_mq_timeout: float = typer.Option(5.0, help="Seconds one LMCache MQ call may take."),
     lmcache_heartbeat_interval: float = typer.Option(2.0, help="Seconds between LMCache pings."),
     threads: int = typer.Option(1, help="torch intra-op threads (fixed for bit-exactness)."),
+    numerics: str = typer.Option(
+        "exact", help="exact (bit-exact) | batch-dependent (results depend on the batch size, as "
+        "non-batch-invariant GPU kernels do; for recompute_equivalence's tolerant mode)."),
+    batch_noise: float = typer.Option(
+        1e-3, help="batch-dependent numerics: relative size of the offset per layer."),
     bug: Optional[list[str]] = typer.Option(  # noqa: UP007 - typer needs Optional here
         None, help="Plant a known bug (repeatable; also KVCHAOS_ENGINE_BUGS, comma-separated): "
         + "; ".join(f"{k}: {v}" for k, v in BUGS.items())),
@@ -87,7 +92,7 @@ def serve(
         lmcache_url=lmcache_url, kv_load_failure_policy=kv_load_failure_policy,
         lmcache_mq_timeout=lmcache_mq_timeout,
         lmcache_heartbeat_interval=lmcache_heartbeat_interval, threads=threads,
-        bugs=list(bug or []) + bugs_from_environment())
+        bugs=list(bug or []) + bugs_from_environment(), numerics=numerics, batch_noise=batch_noise)
     try:
         config.validate()
     except ValueError as exc:

@@ -30,6 +30,9 @@ class EngineConfig:
         lmcache_heartbeat_interval: seconds between LMCache health pings.
         threads: torch intra-op threads (fixed: results must not depend on the machine).
         bugs: planted bug names (see ``bugs.py``).
+        numerics: ``exact`` (bit-exact, the default) or ``batch-dependent`` (results depend on
+            the batch size, as non-batch-invariant GPU kernels do; ``model.py``).
+        batch_noise: relative size of the batch-dependent offset per layer.
     """
 
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -46,6 +49,8 @@ class EngineConfig:
     lmcache_heartbeat_interval: float = 2.0
     threads: int = 1
     bugs: list[str] = field(default_factory=list)
+    numerics: str = "exact"
+    batch_noise: float = 1e-3
 
     def validate(self) -> None:
         """Check the settings.
@@ -65,6 +70,10 @@ class EngineConfig:
             raise ValueError("--num-blocks must be at least 2")
         if self.threads < 1:
             raise ValueError("--threads must be at least 1")
+        if self.numerics not in ("exact", "batch-dependent"):
+            raise ValueError("--numerics must be exact or batch-dependent")
+        if not 0 < self.batch_noise < 0.1:
+            raise ValueError("--batch-noise must be in (0, 0.1)")
 
     @property
     def fingerprint(self) -> str:
@@ -72,6 +81,8 @@ class EngineConfig:
         source of the modules that decide the output bits (so a code change never reuses
         recompute-oracle answers or LMCache entries computed by older code)."""
         extra = f"{self.prefill_segment}/{self.threads}/{_numerics_source_digest()}"
+        if self.numerics != "exact":  # exact fingerprints stay what they were
+            extra += f"/{self.numerics}/{self.batch_noise!r}"
         return self.model.fingerprint(f"{__version__}/{extra}")
 
     def to_dict(self) -> dict:

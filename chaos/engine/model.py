@@ -13,6 +13,17 @@ rows, so every prompt position is computed in a *canonical segment* (see
 ``chaos.engine.segments``) and every generated position by a one-row decode step. A position's
 KV therefore has the same bits whether it was computed now, loaded from LMCache or reused from
 the local prefix cache. Requests are never fused into one GEMM for the same reason.
+
+Batch-dependent numerics (opt-in, ``--numerics batch-dependent``): GPU kernels that are not
+batch-invariant round differently for different batch sizes, so the same prompt's KV and logits
+move by a few ulps with the batch it ran in (vLLM's reproducibility docs; the reason for
+``VLLM_BATCH_INVARIANT``). This mode adds, after every decoder layer, a deterministic
+pseudo-random offset of relative size ``batch_noise`` (of the row's RMS) that is a function of
+(position, channel, layer, batch size): a request computed in a batch of 3 gets other bits than
+in a batch of 1, a cache hit reads KV computed in another batch than its recompute, and greedy
+outputs flip only where the top-1/top-2 logits nearly tie. A wrong KV block, a wrong hit length
+or stale blocks move logits by orders of magnitude more. With ``batch_key=None`` or
+``batch_noise=0`` (the default) none of this code runs: the exact path is untouched.
 """
 
 from __future__ import annotations
@@ -134,6 +145,8 @@ class PagedLlama:
                     p.copy_(torch.randn(p.shape, generator=gen) * spec.init_std)
         model = model.to(spec.torch_dtype).eval()
         self.model = model
+        #: Relative size of the batch-dependent offset per layer (0: exact numerics).
+        self.batch_noise = 0.0
         self._layers = model.model.layers
         self._scale = spec.head_size ** -0.5
         inv_freq = 1.0 / (config.rope_theta if hasattr(config, "rope_theta") else 10000.0) ** (
@@ -152,9 +165,23 @@ class PagedLlama:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]
 
+    def _batch_offset(self, x: torch.Tensor, start: int, layer: int, batch_key: int) -> torch.Tensor:
+        """The batch-dependent offset of one layer's output rows (see the module doc).
+
+        A classic shader hash, ``fract(sin(dot) * 43758.5453)``, in float64: uniform in [-1, 1),
+        a pure function of (absolute position, channel, layer, batch key), independent of how
+        the prompt was split into segments. Scaled by ``batch_noise`` times each row's RMS.
+        """
+        pos = torch.arange(start, start + x.shape[0], dtype=torch.float64)[:, None]
+        ch = torch.arange(x.shape[-1], dtype=torch.float64)[None, :]
+        h = torch.sin(pos * 12.9898 + ch * 78.233 + layer * 4.1414 + batch_key * 2.7183) * 43758.5453
+        u = (h - torch.floor(h)) * 2.0 - 1.0
+        rms = x.double().pow(2).mean(-1, keepdim=True).sqrt()
+        return (u * rms * self.batch_noise).to(x.dtype)
+
     @torch.inference_mode()
     def forward(self, token_ids: list[int], start: int, block_table: list[int],
-                pool: KVPool) -> torch.Tensor:
+                pool: KVPool, batch_key: int | None = None) -> torch.Tensor:
         """Compute positions ``[start, start + len(token_ids))`` of one request.
 
         Writes their K and V into the request's blocks and attends over positions
@@ -166,6 +193,8 @@ class PagedLlama:
             start: absolute position of ``token_ids[0]``.
             block_table: the request's block ids; must cover positions ``[0, end)``.
             pool: the paged KV pool.
+            batch_key: the batch this ran in (requests in the scheduler step); only read when
+                ``batch_noise`` is set (batch-dependent numerics).
 
         Returns:
             float32 logits of the last position, shape ``[vocab_size]``.
@@ -211,5 +240,7 @@ class PagedLlama:
             out = torch.matmul(probs, values).permute(1, 0, 2).reshape(T, nh * hd)
             x = x + attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if self.batch_noise and batch_key is not None:
+                x = x + self._batch_offset(x, start, li, batch_key)
         last = self.model.model.norm(x[-1:])
         return self.model.lm_head(last)[0].float()

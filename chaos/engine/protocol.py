@@ -32,6 +32,7 @@ class CompletionRequest(BaseModel):
     user: str | None = None
     ignore_eos: bool = False
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM's; tokens are always spelled token_id:N
 
     @field_validator("prompt")
     @classmethod

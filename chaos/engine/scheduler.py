@@ -65,6 +65,8 @@ class EngineCore:
         self.config = config
         torch.set_num_threads(config.threads)
         self.model = PagedLlama(config.model)
+        if config.numerics == "batch-dependent":
+            self.model.batch_noise = config.batch_noise
         spec = config.model
         self.pool = KVPool(spec.num_layers, config.num_blocks, config.block_size,
                            spec.num_kv_heads, spec.head_size, spec.torch_dtype)
@@ -99,6 +101,8 @@ class EngineCore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started_at = time.time()
+        #: Blocks the planted ``hold-blocks-on-abort`` bug never freed.
+        self.held_blocks = 0
 
     # ---- thread-safe entry points -----------------------------------------------------
     @property
@@ -279,11 +283,14 @@ class EngineCore:
         self._progress_aborting()
         self._admit()
         worked = False
+        # The batch of this step (what non-batch-invariant kernels' rounding depends on); only
+        # read under batch-dependent numerics.
+        batch = sum(1 for r in self.running if r.phase is Phase.RUNNING) if self.model.batch_noise else None
         for req in list(self.running):
             if req.phase is not Phase.RUNNING:
                 continue
             try:
-                worked |= self._work(req)
+                worked |= self._work(req, batch)
             except Exception as exc:  # noqa: BLE001
                 log.exception("request %s failed", req.request_id)
                 self._abort_now(req, error=f"engine error: {exc}")
@@ -569,13 +576,13 @@ class EngineCore:
             self.blocks.register(req.block_table[i], hashes[i])
         req.num_registered_blocks = canonical
 
-    def _work(self, req: Request) -> bool:
+    def _work(self, req: Request, batch: int | None = None) -> bool:
         n_prompt = len(req.prompt)
         seg = self.config.prefill_segment
         if req.num_computed < n_prompt:
             start = req.num_computed
             end = min(n_prompt, (start // seg + 1) * seg)
-            logits = self.model.forward(req.prompt[start:end], start, req.block_table, self.pool)
+            logits = self.model.forward(req.prompt[start:end], start, req.block_table, self.pool, batch)
             req.num_computed = end
             self.metrics.inc("vllm:prompt_tokens_total", end - start)
             self._register_prefix(req)
@@ -588,7 +595,7 @@ class EngineCore:
         pos = req.num_computed
         if not self._ensure_block(req, pos):
             return False
-        logits = self.model.forward([req.all_tokens[pos]], pos, req.block_table, self.pool)
+        logits = self.model.forward([req.all_tokens[pos]], pos, req.block_table, self.pool, batch)
         req.num_computed = pos + 1
         self._emit_next(req, logits)
         return True
@@ -700,6 +707,10 @@ class EngineCore:
         self.metrics.inc("kvchaos_engine_aborts_total")
         req.abort_handled_in = req.stage
         leak = "skip-abort-cleanup" in self.bugs and error is None
+        if "hold-blocks-on-abort" in self.bugs and error is None and req.block_table:
+            # Planted bug: the blocks stay allocated and nobody owns them any more.
+            self.held_blocks += len(req.block_table)
+            req.block_table = []
         if req.lookup_status == "pending" and not leak:
             # The prefetch may still take locks: finish it, then free them (F9).
             self._release_blocks_only(req)

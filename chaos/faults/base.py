@@ -10,6 +10,19 @@
 A fault module defines a ``FaultParams`` subclass with ``kind: Literal["<kind>"]`` and a
 ``Fault`` subclass decorated with ``@register("<kind>")`` (chaos/faults/registry.py). Nothing
 else needs editing: the scenario model, the JSON schema and the docs test pick it up.
+
+What a kind needs from the stack is declared on its ``Fault`` class, so that ``kvchaos
+validate --stack`` / ``list --stack`` / ``run`` refuse a scenario before anything starts on a
+stack that cannot run it (exit 2, naming the missing capability):
+
+- ``needs = ("engine.hooks.stall",)``: capability names every fault of the kind needs, from
+  chaos/stack/capabilities.py (add a name there, with one line saying what it means, when a
+  kind needs something new; stack files that offer it list it under
+  ``x-kvchaos.capabilities``). ``"a|b"`` means either one will do.
+- ``capability_needs(params)`` (a classmethod): override when the needs depend on the
+  settings (``preempt`` via ``hook`` or ``pool``, ``l2_corrupt``'s ``target``); the default
+  returns ``needs``.
+Links and services a fault names are checked on their own (``stack_refs``).
 """
 
 from __future__ import annotations
@@ -119,6 +132,13 @@ class Fault(ABC):
 
     kind: ClassVar[str]
     params_model: ClassVar[type[FaultParams]]
+    #: Capabilities (chaos/stack/capabilities.py) every fault of this kind needs; "a|b" = either.
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def capability_needs(cls, params: FaultParams) -> set[str]:
+        """What this fault, with these settings, needs from the stack (default: ``needs``)."""
+        return set(cls.needs)
 
     def __init__(self, params: FaultParams) -> None:
         if not isinstance(params, self.params_model):

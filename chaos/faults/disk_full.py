@@ -92,6 +92,7 @@ class DiskFull(Fault):
     """Fill the stack's size-capped filesystem L2 with a ballast file; delete it at heal."""
 
     params_model = DiskFullParams
+    needs = ("l2.fs", "l2.fs.size_cap")
     params: DiskFullParams
 
     def __init__(self, params: FaultParams) -> None:

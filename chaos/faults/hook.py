@@ -21,7 +21,7 @@ import subprocess
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
@@ -98,6 +98,21 @@ class HookParams(FaultParams):
     apply: HookStep = Field(description="what to do at apply")
     heal: HookStep | None = Field(default=None, description="what to do at heal (optional)")
     evidence: HookEvidence | None = Field(default=None, description="how to prove it bit (optional)")
+    needs: list[str] = Field(
+        default_factory=list,
+        description="capabilities the hook's calls need from the stack (chaos/stack/capabilities.py), "
+        "e.g. [engine.hooks.stall] for the reference engine's /hooks/stall; a stack that lacks one "
+        "rejects the scenario before anything starts")
+
+    @field_validator("needs")
+    @classmethod
+    def _known_needs(cls, v: list[str]) -> list[str]:
+        from chaos.stack.capabilities import CAPABILITIES, is_known
+
+        unknown = [n for need in v for n in need.split("|") if not is_known(n)]
+        if unknown:
+            raise ValueError(f"unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}")
+        return v
 
     def stack_refs(self) -> dict[str, str]:
         return {"service": self.service}
@@ -129,6 +144,11 @@ class Hook(Fault):
 
     params_model = HookParams
     params: HookParams
+
+    @classmethod
+    def capability_needs(cls, params: FaultParams) -> set[str]:
+        """What the scenario author listed under ``needs`` (kvchaos cannot tell from a URL)."""
+        return set(getattr(params, "needs", []))
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

@@ -324,6 +324,12 @@ class L2Corrupt(Fault):
     reads of what was corrupted while the fault is active."""
 
     params_model = L2CorruptParams
+
+    @classmethod
+    def capability_needs(cls, params: FaultParams) -> set[str]:
+        """The L2 tier(s) ``target`` names; ``both`` needs at least one of them."""
+        target = getattr(params, "target", "both")
+        return {{"fs": "l2.fs", "redis": "l2.redis"}.get(target, "l2.fs|l2.redis")}
     params: L2CorruptParams
 
     def __init__(self, params: FaultParams) -> None:

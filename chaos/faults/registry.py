@@ -27,7 +27,8 @@ def register(kind: str) -> Callable[[FaultT], FaultT]:
     """Class decorator: register a Fault subclass under the YAML name ``kind``.
 
     The class must set ``params_model`` to a FaultParams subclass whose ``kind`` field is
-    ``Literal[kind]``.
+    ``Literal[kind]``; its ``needs`` (capability names, chaos/stack/capabilities.py) must be
+    known names.
 
     Raises:
         TypeError: the class or its params model does not fit.
@@ -43,6 +44,12 @@ def register(kind: str) -> Callable[[FaultT], FaultT]:
         ann = params.model_fields["kind"].annotation
         if typing.get_origin(ann) is not Literal or typing.get_args(ann) != (kind,):
             raise TypeError(f"{params.__name__}.kind must be Literal[{kind!r}], got {ann!r}")
+        from chaos.stack.capabilities import is_known
+
+        unknown = [n for need in cls.needs for n in need.split("|") if not is_known(n)]
+        if unknown:
+            raise TypeError(f"{cls.__name__}.needs names unknown capabilities {unknown}; add them to "
+                            "chaos/stack/capabilities.py CAPABILITIES")
         old = _REGISTRY.get(kind)
         if old is not None and old.__qualname__ != cls.__qualname__:
             raise ValueError(f"fault kind {kind!r} is already registered by {old.__qualname__}")

@@ -1,8 +1,9 @@
 """Run one scenario against a running stack: phases, the nemesis, quiesce, oracle, checks.
 
-    baseline (stack healthy, counters before) ─> phase 1 ─> phase 2 ─> ... ─> heal all
+    baseline (stack healthy, leak-source baselines read) ─> phase 1 ─> phase 2 ─> ... ─> heal all
         each phase: workload (chaos/workload)  ║  nemesis: apply at start, heal at end
-    ─> quiesce (leak sources polled until 0 or deadline) ─> oracle (recompute twin)
+    ─> quiesce (leak sources polled until back at baseline or deadline)
+    ─> oracle (recompute twin; tolerant mode: its logprobs, and the twin asked again = noise floor)
     ─> checks (pure functions of history + snapshots) ─> report
 
 Every fault that was applied is healed on every exit path (return, exception, Ctrl-C,
@@ -33,11 +34,11 @@ from chaos.faults import registry as fault_registry
 from chaos.faults.base import Fault, FaultContext
 from chaos.history import HistoryWriter
 from chaos.journal import Journal
-from chaos.oracle import OracleError, RecomputeOracle
+from chaos.oracle import TOP_K, OracleError, RecomputeOracle
 from chaos.report.model import RunResult
 from chaos.report.result import build_result
 from chaos.report.writer import write_report
-from chaos.runner.leaks import poll_until_quiet
+from chaos.runner.leaks import poll_until_quiet, read_baselines
 from chaos.scenario.model import Phase, Scenario
 from chaos.stack.base import Stack
 from chaos.stack.interpolate import interpolate
@@ -208,6 +209,16 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         await asyncio.to_thread(nemesis.heal, entry)
 
 
+def _leak_sources(scenario: Scenario, stack: Stack) -> list[LeakSource]:
+    """The leak sources to poll: the scenario's own (``checks.leaks.sources``, URLs expanded with
+    the stack's variables) or else the stack's ``x-kvchaos.leak_sources``."""
+    cfg = scenario.checks.leaks
+    if cfg is None or cfg.sources is None:
+        return list(stack.settings.leak_sources)
+    return [LeakSource(name=s.name, url=interpolate(s.url, stack.env), format=s.format, baseline=s.baseline,
+                       fields=s.fields) for s in cfg.sources]
+
+
 def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str,
                  timeout_s: float | None = None, progress=None) -> RunResult:
     """Run ``scenario`` on a running ``stack`` and evaluate its checks.
@@ -250,10 +261,17 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
     liveness = scenario.checks.liveness
     deadline = liveness.request_deadline_s if liveness is not None else 120.0
     interrupted: BaseException | None = None
+    equivalence = scenario.checks.recompute_equivalence
+    tolerant = equivalence is not None and equivalence.mode == "tolerant"
+    leaks_cfg = scenario.checks.leaks
+    leak_sources = _leak_sources(scenario, stack)
+    if leaks_cfg is not None:
+        snapshots.leak_baselines = read_baselines(leak_sources)
     try:
         with sigterm_as_interrupt():
             async def phases() -> None:
-                client = CompletionClient(settings.engine_url, history=history) if settings.engine_url else None
+                client = CompletionClient(settings.engine_url, history=history, cache_stats=True,
+                                          logprobs=TOP_K if tolerant else None) if settings.engine_url else None
                 try:
                     for phase in scenario.phases:
                         say(f"phase {phase.name}")
@@ -290,15 +308,10 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
 
     if error is None:
         say("quiesce")
-        leaks_cfg = scenario.checks.leaks
         if leaks_cfg is not None:
-            sources = settings.leak_sources
-            if leaks_cfg.sources is not None:  # the scenario's own sources replace the stack's
-                sources = [LeakSource(name=s.name, url=interpolate(s.url, stack.env), fields=s.fields)
-                           for s in leaks_cfg.sources]
-            samples, errs, waited = poll_until_quiet(sources, leaks_cfg.quiesce_s, leaks_cfg.poll_interval_s,
-                                                     history.now)
-            snapshots.leak_sources = [s.name for s in sources]
+            samples, errs, waited = poll_until_quiet(leak_sources, leaks_cfg.quiesce_s, leaks_cfg.poll_interval_s,
+                                                     history.now, baselines=snapshots.leak_baselines)
+            snapshots.leak_sources = [s.name for s in leak_sources]
             snapshots.leak_samples, snapshots.leak_errors, snapshots.quiesce_waited_s = samples, errs, waited
         for e in stack.exits[exits_before:] + [x for x in stack.unexpected_exits() if x not in stack.exits[:exits_before]]:
             snap = SnapshotExit(service=e.service, time=max(0.0, e.time - started), returncode=e.returncode,
@@ -309,8 +322,19 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
             say("recompute oracle")
             try:
                 oracle = RecomputeOracle(settings.recompute_url)
-                snapshots.expected = oracle.expected_for(history.ops)
+                if tolerant:
+                    snapshots.expected, snapshots.expected_top_logprobs = oracle.expected_with_logprobs(history.ops)
+                else:
+                    snapshots.expected = oracle.expected_for(history.ops)
                 oracle_info = {"fingerprint": oracle.fingerprint, "stored": oracle.hits, "asked": oracle.misses}
+                if tolerant:
+                    say("noise floor (recompute twin asked again)")
+                    try:
+                        snapshots.recompute_replay, snapshots.recompute_replay_top_logprobs = \
+                            oracle.replay(history.ops, concurrency=1)
+                        oracle_info["replayed"] = len(snapshots.recompute_replay)
+                    except OracleError as exc:
+                        snapshots.recompute_replay_error = str(exc)
                 oracle.close()
             except OracleError as exc:
                 oracle_info = {"error": str(exc)}

@@ -35,6 +35,9 @@ class SuiteOptions:
         keep_stack: leave stacks up at the end.
         seed: override every scenario's seed.
         engine_bugs: plant these engine bugs in every scenario (the bug zoo).
+        engine_numerics: run every scenario's engine with these numerics (``batch-dependent``:
+            the reference engine's non-batch-invariant mode).
+        equivalence_mode: set every scenario's ``recompute_equivalence.mode`` (``tolerant``).
         timeout_s: per-scenario deadline for the phases.
     """
 
@@ -43,36 +46,43 @@ class SuiteOptions:
     keep_stack: bool = False
     seed: int | None = None
     engine_bugs: list[str] | None = None
+    engine_numerics: str | None = None
+    equivalence_mode: str | None = None
     timeout_s: float | None = 600.0
     run_id_prefix: str = ""
     extra: dict = field(default_factory=dict)
 
 
-def load_and_validate(paths: list[Path], stack: Path | None = None) -> list[Scenario]:
-    """Load every scenario and check each against its stack file (links, services).
+def load_and_validate(paths: list[Path], stack: Path | None = None, **overrides: object) -> list[Scenario]:
+    """Load every scenario and check each against its stack file (links, services, and the
+    capabilities its faults, checks, variables and engine options need).
 
     Args:
         paths: scenario files.
         stack: run every scenario on this stack file instead of its own (e.g. the GPU stack).
+        overrides: :func:`override`'s keywords (bugs, numerics, equivalence), applied before the
+            checks against the stack, so that what they need is checked too.
 
     Raises:
         ConfigError: the first invalid file, with every problem of it listed.
     """
     scenarios = []
-    stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None]]] = {}
+    stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None], set[str]]] = {}
     if stack is not None and not Path(stack).is_file():
         raise ConfigError(str(stack), None, None, "stack file not found (--stack)")
     for path in paths:
         scenario = load_scenario(path)
+        override(scenario, **overrides)  # type: ignore[arg-type]
         if stack is not None:
             scenario.stack = Path(stack).resolve()
         key = Path(scenario.stack).resolve()
         if key not in stacks:
             spec = load_stack(key, allocate_ports=False, run_dir=Path("/nonexistent"))
             urls = {"engine_url": spec.settings.engine_url, "recompute_url": spec.settings.recompute_url}
-            stacks[key] = (set(spec.settings.links), set(spec.services), urls)
-        links, services, urls = stacks[key]
-        validate_against_stack(scenario, links, services)
+            stacks[key] = (set(spec.settings.links), set(spec.services), urls, spec.capabilities())
+        links, services, urls, capabilities = stacks[key]
+        validate_against_stack(scenario, links, services, capabilities=capabilities,
+                               stack_name=str(stack) if stack is not None else str(key))
         file = str(scenario.source)
         if not urls["engine_url"] and any(scenario.phase_requests(p) for p in scenario.phases):
             raise ConfigError(file, scenario.locator.line_of(("workload",)) if scenario.locator else None,
@@ -84,6 +94,26 @@ def load_and_validate(paths: list[Path], stack: Path | None = None) -> list[Scen
                               f"needs a recompute twin, but the stack {key} names no x-kvchaos.recompute_url")
         scenarios.append(scenario)
     return scenarios
+
+
+def override(scenario: Scenario, *, bugs: list[str] | None = None, numerics: str | None = None,
+             equivalence: str | None = None) -> Scenario:
+    """Apply a suite's or the zoo's overrides to a loaded scenario (in place; None keeps the
+    scenario's own): planted ``bugs``, engine ``numerics``, ``recompute_equivalence.mode``
+    (only where the scenario runs that check).
+
+    Raises:
+        pydantic.ValidationError: an invalid numerics or mode value.
+    """
+    if bugs is not None:
+        scenario.engine.bugs = list(bugs)
+    if numerics is not None:
+        scenario.engine.numerics = type(scenario.engine).model_validate(
+            {**scenario.engine.model_dump(), "numerics": numerics}).numerics
+    eq = scenario.checks.recompute_equivalence
+    if equivalence is not None and eq is not None:
+        scenario.checks.recompute_equivalence = type(eq).model_validate({**eq.model_dump(), "mode": equivalence})
+    return scenario
 
 
 def infra_error_result(scenario: Scenario, run_id: str, run_dir: Path, error: str) -> RunResult:
@@ -117,8 +147,8 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
         for scenario in scenarios:
             if opts.seed is not None:
                 scenario.seed = opts.seed
-            if opts.engine_bugs is not None:
-                scenario.engine.bugs = list(opts.engine_bugs)
+            override(scenario, bugs=opts.engine_bugs, numerics=opts.engine_numerics,
+                     equivalence=opts.equivalence_mode)
             run_id = new_run_id(opts.run_id_prefix + scenario.name)
             run_dir = opts.report_dir / run_id
             say(f"[{scenario.name}] preparing the stack")

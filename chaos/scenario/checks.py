@@ -6,6 +6,8 @@ these models are only what the user may configure.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.scenario.duration import PositiveDuration
@@ -32,7 +34,24 @@ class _Strict(BaseModel):
 
 
 class RecomputeEquivalenceConfig(_Strict):
-    """Every completed request's token ids equal the recompute twin's for the same prompt."""
+    """Every completed request's token ids equal the recompute twin's for the same prompt
+    (``mode: exact``), or differ only by numerical noise (``mode: tolerant``, for engines that
+    are not bit-exact)."""
+
+    mode: Literal["exact", "tolerant"] = Field(
+        default="exact",
+        description="exact: token ids must be equal (bit-exact engines: the reference engine, vLLM "
+        "with VLLM_BATCH_INVARIANT=1); tolerant: a difference is benign only at a near-tie (the margin "
+        "rule) and hits may not diverge more often than the twin does against itself")
+    margin_nats: float = Field(
+        default=0.1, gt=0.0, le=5.0,
+        description="tolerant: a divergence is benign only when the twin's top-1/top-2 logprob gap at "
+        "the first differing token is at most this many nats and the engine produced the runner-up "
+        "(LMCache's preemption correctness test uses 0.1)")
+    alpha: float = Field(
+        default=0.001, gt=0.0, lt=0.5,
+        description="tolerant: significance level of the one-sided test that the hit path diverges "
+        "more often than the noise floor (Fisher's exact test); smaller = fewer false failures")
 
 
 class LivenessConfig(_Strict):
@@ -48,13 +67,28 @@ class LivenessConfig(_Strict):
 
 
 class LeakSourceConfig(_Strict):
-    """An HTTP JSON endpoint whose numeric fields must return to 0 when the stack is quiet."""
+    """An HTTP endpoint whose numbers must return to their baseline when the stack is quiet."""
 
     name: str = Field(min_length=1, description="name of the source in the report")
-    url: str = Field(min_length=1, description="URL returning JSON")
+    url: str = Field(min_length=1, description="URL returning JSON (or Prometheus text: format)")
+    format: Literal["json", "prometheus"] = Field(
+        default="json", description="json: fields are dotted paths; prometheus: fields are series "
+        "selectors, metric or metric{label=\"v\",other=~\"re\"} (matching series summed)")
+    baseline: Literal["zero", "before_faults"] = Field(
+        default="zero", description="zero: every field must read 0; before_faults: every field must "
+        "come back to at most what it read when the run started")
     fields: dict[str, str] = Field(
-        min_length=1, description="reported name -> dotted path of a number in the JSON"
+        min_length=1, description="reported name -> dotted path of a number in the JSON, or a "
+        "Prometheus selector"
     )
+
+    @model_validator(mode="after")
+    def _selectors(self) -> LeakSourceConfig:
+        if self.format == "prometheus":
+            from chaos.prometheus import check_selectors
+
+            check_selectors(self.fields)
+        return self
 
 
 class LeaksConfig(_Strict):

@@ -4,7 +4,8 @@ The lead's chaos/cli.py wires these as top-level commands, e.g.
 ``app.command("validate")(validate)``; ``app`` here is a standalone Typer app with the same
 three commands (used by the tests).
 
-Exit codes: 0 valid, 2 a scenario (or the stack file it names) is invalid.
+Exit codes: 0 valid, 2 a scenario (or the stack file it names) is invalid, or (``--stack``)
+a scenario needs a capability that stack does not offer.
 """
 
 from __future__ import annotations
@@ -40,21 +41,41 @@ def stack_names(stack_file: Path) -> tuple[set[str], set[str]]:
     return set(spec.settings.links), set(spec.services)
 
 
-def _check_one(path: Path) -> Scenario:
+def _check_one(path: Path, stack: Path | None = None) -> Scenario:
+    from chaos.stack.spec import load_stack  # the stack layer; imported when needed
+
     scenario = load_scenario(path)
-    links, services = stack_names(scenario.stack)
-    validate_against_stack(scenario, links, services)
+    if stack is not None:
+        scenario.stack = stack.resolve()
+    spec = load_stack(scenario.stack, allocate_ports=False, require_commands=False)
+    validate_against_stack(scenario, set(spec.settings.links), set(spec.services),
+                           capabilities=spec.capabilities(), stack_name=str(stack or scenario.stack))
     return scenario
+
+
+StackOption = Annotated[
+    Path | None,
+    typer.Option("--stack", help="check the scenarios against this stack file instead of their own "
+                 "(which of them it can run: links, services and capabilities)"),
+]
 
 
 def validate(
     files: Annotated[list[Path], typer.Argument(help="scenario files or folders of them")],
+    stack: StackOption = None,
 ) -> None:
-    """Validate scenario files (keys, values, the stack file, links named by faults).
+    """Validate scenario files (keys, values, the stack file, links and services named by
+    faults, the capabilities they need from the stack).
 
     Prints ``file: ok`` or one ``file:line: field: message`` line per problem. Exits 2 when any
-    file is invalid.
+    file is invalid or (``--stack``) needs what that stack does not offer.
     """
+    if stack is not None:
+        try:
+            stack_names(stack)
+        except ConfigError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from None
     bad = 0
     for root in files:
         try:
@@ -65,7 +86,7 @@ def validate(
             continue
         for path in paths:
             try:
-                _check_one(path)
+                _check_one(path, stack)
             except ConfigError as exc:
                 typer.echo(str(exc), err=True)
                 bad += 1
@@ -107,24 +128,54 @@ def _row(path: Path, scenario: Scenario) -> dict[str, Any]:
     }
 
 
+def runnable_on(scenario: Scenario, spec: Any) -> list[str]:
+    """Why ``scenario`` cannot run on the loaded stack ``spec``, one short line each: a missing
+    capability (``engine.hooks.stall (fault 'stall' (hook))``), an unknown link or service
+    (empty: it runs there). ``kvchaos validate --stack`` gives the full messages."""
+    from chaos.scenario.needs import missing, scenario_needs
+
+    out = []
+    try:
+        validate_against_stack(scenario, set(spec.settings.links), set(spec.services))
+    except ConfigError as exc:
+        out += [p.rsplit(": ", 1)[-1] for p in exc.problems]
+    out += [f"{n.capability} ({n.who})" for n in missing(scenario_needs(scenario), spec.capabilities())]
+    return out
+
+
 def list_scenarios(
     directory: Annotated[Path, typer.Argument(help="folder of scenarios")] = Path("scenarios"),
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per scenario")] = False,
+    stack: StackOption = None,
 ) -> None:
-    """List the scenario catalogue: name, faults, checks, xfail. Exits 2 if any is invalid."""
+    """List the scenario catalogue: name, faults, checks, xfail; with ``--stack FILE``, whether
+    each runs on that stack or what it needs there. Exits 2 if any is invalid or (``--stack``)
+    cannot run there."""
     bad = 0
     try:
         paths = discover_scenarios(directory)
+        spec = None
+        if stack is not None:
+            from chaos.stack.spec import load_stack
+
+            spec = load_stack(stack, allocate_ports=False, require_commands=False)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     rows = []
     for path in paths:
         try:
-            rows.append(_row(path, load_scenario(path)))
+            scenario = load_scenario(path)
         except ConfigError as exc:
             typer.echo(str(exc), err=True)
             bad += 1
+            continue
+        row = _row(path, scenario)
+        if spec is not None:
+            why = runnable_on(scenario, spec)
+            row.update(stack=str(stack), runnable=not why, needs=why)
+            bad += bool(why)
+        rows.append(row)
     if as_json:
         for row in rows:
             typer.echo(json.dumps(row))
@@ -132,11 +183,21 @@ def list_scenarios(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table("name", "faults", "checks", "xfail", "file")
-        for row in rows:
-            table.add_row(row["name"], ", ".join(row["faults"]) or "-", ", ".join(row["checks"]),
-                          row["xfail"] or "", row["file"])
+        if spec is None:
+            table = Table("name", "faults", "checks", "xfail", "file")
+            for row in rows:
+                table.add_row(row["name"], ", ".join(row["faults"]) or "-", ", ".join(row["checks"]),
+                              row["xfail"] or "", row["file"])
+        else:
+            table = Table("name", "faults", f"on {stack}")
+            for row in rows:
+                table.add_row(row["name"], ", ".join(row["faults"]) or "-",
+                              "runnable" if row["runnable"] else "needs " + "; ".join(row["needs"]))
         Console(width=200).print(table)
+        if spec is not None:
+            n_bad = sum(not r["runnable"] for r in rows)
+            typer.echo(f"{len(rows) - n_bad} of {len(rows)} scenarios run on {stack}"
+                       + (f"; {n_bad} need what it lacks" if n_bad else ""))
     if bad:
         raise typer.Exit(2)
 

@@ -3,6 +3,7 @@
     scenarios/x.yaml ──load_scenario──> Scenario (faults named, stack path resolved)
                                           │
     stack's links/services ──validate_against_stack──> ConfigError at the fault's line
+    stack's capabilities ──┘  (what each fault, check, variable needs: chaos/scenario/needs.py)
 """
 
 from __future__ import annotations
@@ -40,19 +41,26 @@ def load_scenario(path: str | Path, *, check_paths: bool = True) -> Scenario:
 
 
 def validate_against_stack(
-    scenario: Scenario, links: Iterable[str], services: Iterable[str] | None = None
+    scenario: Scenario, links: Iterable[str], services: Iterable[str] | None = None,
+    *, capabilities: set[str] | None = None, stack_name: str | None = None,
 ) -> None:
-    """Check every name a fault refers to exists in the stack.
+    """Check every name a fault refers to exists in the stack, and that the stack offers what
+    the scenario needs.
 
     Args:
         scenario: a loaded scenario (its locator gives the lines; built in Python: no line).
         links: names of the stack's links (x-kvchaos.links).
         services: names of the stack's services; None skips service references.
+        capabilities: the stack's capabilities (``StackSpec.capabilities()``); None skips the
+            capability check.
+        stack_name: the stack file, for the capability messages.
 
     Raises:
-        ConfigError: one per unknown name found, all listed in ``problems``; the first
-            describes file/line/field, e.g. ``x.yaml:14: phases[1].faults[0].link: unknown link
-            'engine-lmcach'; the stack has: engine-lmcache, lmcache-redis``.
+        ConfigError: one per unknown name or missing capability, all listed in ``problems``;
+            the first describes file/line/field, e.g. ``x.yaml:14: phases[1].faults[0].link:
+            unknown link 'engine-lmcach'; the stack has: engine-lmcache, lmcache-redis`` or
+            ``x.yaml:27: phases[1].faults[0]: fault 'stall' (hook) needs engine.hooks.stall
+            (...); compose/vllm-lmcache.yml does not offer it``.
     """
     known = {"link": set(links), "service": set(services) if services is not None else None}
     file = str(scenario.source) if scenario.source is not None else f"<scenario {scenario.name}>"
@@ -70,6 +78,14 @@ def validate_against_stack(
                     file, line, format_path(path), f"unknown {ref_kind} {name!r}; the stack has: {have}"
                 )
             )
+    if capabilities is not None:
+        from chaos.scenario.needs import explain, missing, scenario_needs
+
+        where = stack_name or "the stack"
+        for need in missing(scenario_needs(scenario), capabilities):
+            line = scenario.locator.line_of(need.path) if scenario.locator is not None else None
+            errors.append(ConfigError(file, line, format_path(need.path),
+                                      f"{explain(need)}; {where} does not offer it"))
     if errors:
         first = errors[0]
         raise ConfigError(

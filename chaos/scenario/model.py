@@ -8,7 +8,7 @@ its file:line (chaos/scenario/loader.py), never a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -55,15 +55,32 @@ class EngineOptions(_Strict):
         description="the engine's own local prefix cache (vLLM's APC) on; off by default so that "
         "prefix hits come from LMCache",
     )
+    numerics: Literal["exact", "batch-dependent"] = Field(
+        default="exact",
+        description="reference engine and its twin: exact (bit-exact, the default) or batch-dependent "
+        "(results depend on the batch, as non-batch-invariant GPU kernels do; for "
+        "recompute_equivalence's tolerant mode)",
+    )
 
     def stack_variables(self) -> dict[str, str]:
         """Variables the stack file reads to start the engine this way
-        (``KVCHAOS_ENGINE_BUGS``, ``KVCHAOS_ENGINE_PREFIX_CACHING``)."""
+        (``KVCHAOS_ENGINE_BUGS``, ``KVCHAOS_ENGINE_PREFIX_CACHING``, ``KVCHAOS_ENGINE_NUMERICS``)."""
         return {
             "KVCHAOS_ENGINE_BUGS": ",".join(sorted(self.bugs)),
             "KVCHAOS_ENGINE_PREFIX_CACHING": "--enable-prefix-caching" if self.prefix_caching
             else "--no-enable-prefix-caching",
+            "KVCHAOS_ENGINE_NUMERICS": self.numerics,
         }
+
+    def option_variables(self) -> dict[str, str]:
+        """``{option: variable}`` for each option set away from its default: the stack file must
+        read that variable, or the option would silently not reach the engine."""
+        out = {}
+        if self.prefix_caching:
+            out["prefix_caching"] = "KVCHAOS_ENGINE_PREFIX_CACHING"
+        if self.numerics != "exact":
+            out["numerics"] = "KVCHAOS_ENGINE_NUMERICS"
+        return out
 
 
 class Xfail(_Strict):

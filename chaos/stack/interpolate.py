@@ -160,3 +160,20 @@ def defaults_in(data: Any) -> dict[str, str]:
         for m in _DEFAULTED.finditer(s):
             found.setdefault(m.group(1), m.group(2))
     return found
+
+
+def variables_in(data: Any) -> set[str]:
+    """Names of every variable referenced anywhere in ``data`` (``${NAME...}`` or ``$NAME``,
+    also inside defaults; ``$$`` is a literal dollar, not a reference).
+
+    Returns:
+        The set of names (what a stack file *reads*: a scenario variable outside it reaches no
+        service).
+    """
+    found: set[str] = set()
+    for _, s in walk_strings(data):
+        text = s.replace("$$", "")
+        found.update(m.group(1) for m in _BRACED_HEAD.finditer(text))
+        found.update(m.group(1) for m in _PLAIN.finditer(text))
+    return found
+

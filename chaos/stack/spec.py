@@ -23,7 +23,9 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.stack.interpolate import InterpolationError, defaults_in, interpolate_data
+from chaos.prometheus import check_selectors, parse_selector
+from chaos.stack.capabilities import CAPABILITIES, DERIVED, VARIABLE_PREFIX, variable_need
+from chaos.stack.interpolate import InterpolationError, defaults_in, interpolate_data, variables_in
 from chaos.yamlsource import ConfigError, Locator, config_error_from_validation, format_path, load_yaml
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*"
@@ -259,16 +261,56 @@ class RedisSettings(BaseModel):
 
 
 class LeakSource(BaseModel):
-    """An HTTP JSON endpoint whose fields must all return to 0 once the stack is quiet.
+    """An HTTP endpoint whose counters must return to their baseline once the stack is quiet.
 
-    ``fields`` maps the reported name to a dotted path in the JSON (``a.b.c``; list items by
-    index, ``a.0.b``)."""
+    ``format: json`` (the default): ``fields`` maps the reported name to a dotted path in the
+    JSON the URL returns (``a.b.c``; list items by index, ``a.0.b``). ``format: prometheus``:
+    the URL serves Prometheus text (``/metrics``) and ``fields`` maps the reported name to a
+    series selector, ``metric`` or ``metric{label="v",other=~"re.*"}`` (matchers ``=``, ``!=``,
+    ``=~``, ``!~`` as in PromQL; the matching series are summed; chaos/prometheus.py).
+
+    ``baseline``: ``zero`` (every field must read 0) or ``before_faults`` (every field must
+    come back to at most what it read when the run started, before any fault: gauges such as
+    vLLM's ``vllm:kv_cache_usage_perc`` that an idle engine need not hold at 0)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str
-    url: str
+    name: str = Field(min_length=1)
+    url: str = Field(min_length=1)
     service: str | None = None
-    fields: dict[str, str]
+    format: Literal["json", "prometheus"] = "json"
+    baseline: Literal["zero", "before_faults"] = "zero"
+    fields: dict[str, str] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _selectors(self) -> LeakSource:
+        if self.format == "prometheus":
+            check_selectors(self.fields)
+        return self
+
+
+class EngineMetrics(BaseModel):
+    """Prometheus series of the engine's ``/metrics`` that faults and checks read, as
+    selectors (``name`` or ``name{label="v"}``). Defaults are vLLM V1's names
+    (``vllm/v1/metrics/loggers.py``); another engine's stack file gives its own (SGLang:
+    ``sglang:num_retracted_requests_total``, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+    preemptions: str = Field(default="vllm:num_preemptions_total",
+                             description="counter of preempted requests (recompute-style)")
+    requests_running: str = Field(default="vllm:num_requests_running", description="gauge")
+    requests_waiting: str = Field(default="vllm:num_requests_waiting", description="gauge")
+    kv_cache_usage: str = Field(default="vllm:kv_cache_usage_perc", description="gauge, 0..1")
+    prefix_cache_hits: str = Field(default="vllm:prefix_cache_hits_total",
+                                   description="counter of tokens served by the engine's own prefix cache")
+    external_prefix_cache_hits: str = Field(
+        default="vllm:external_prefix_cache_hits_total",
+        description="counter of tokens served by the KV connector (LMCache)")
+
+    @field_validator("*")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        parse_selector(v)
+        return v
 
 
 class KvchaosSettings(BaseModel):
@@ -291,6 +333,24 @@ class KvchaosSettings(BaseModel):
     redis: RedisSettings | None = None
     leak_sources: list[LeakSource] = Field(default_factory=list)
     chunk_size: int = Field(default=256, gt=0)
+    capabilities: list[str] = Field(
+        default_factory=list,
+        description="what the stack's services offer beyond what the settings above imply, by "
+                    "name from chaos/stack/capabilities.py (engine.hooks.preempt, engine.metrics, ...)")
+    engine_metrics: EngineMetrics = Field(default_factory=EngineMetrics)
+
+    @field_validator("capabilities")
+    @classmethod
+    def _known_capabilities(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name in DERIVED:
+                raise ValueError(f"{name!r} is not declared by hand: set x-kvchaos.{DERIVED[name]} instead")
+            if name.startswith(VARIABLE_PREFIX):
+                raise ValueError(f"{name!r}: a variable is a capability when the file reads it "
+                                 "(${NAME:-default}); do not list it")
+            if name not in CAPABILITIES:
+                raise ValueError(f"unknown capability {name!r}; known: {', '.join(sorted(set(CAPABILITIES) - set(DERIVED)))}")
+        return v
 
 
 class StackFile(BaseModel):
@@ -401,12 +461,24 @@ class StackSpec:
         settings: ``file.kvchaos``.
     """
 
-    def __init__(self, path: Path, file: StackFile, env: dict[str, str], locator: Locator) -> None:
+    def __init__(self, path: Path, file: StackFile, env: dict[str, str], locator: Locator,
+                 variables_read: set[str] | None = None) -> None:
         self.path = path
         self.file = file
         self.env = env
         self.locator = locator
         self.settings = file.kvchaos
+        self.variables_read = set(variables_read or ())
+
+    def capabilities(self) -> set[str]:
+        """What this stack offers (chaos/stack/capabilities.py): ``x-kvchaos.capabilities``,
+        the capabilities other ``x-kvchaos`` settings imply (``lmcache_http`` ->
+        ``lmcache.http``, ...), and ``var:NAME`` for every variable the file reads."""
+        s = self.settings
+        have = set(s.capabilities)
+        have.update(cap for cap, key in DERIVED.items() if getattr(s, key))
+        have.update(variable_need(v) for v in self.variables_read)
+        return have
 
     @property
     def services(self) -> dict[str, Service]:
@@ -493,7 +565,7 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
         file = StackFile.model_validate(data)
     except pydantic.ValidationError as exc:
         raise config_error_from_validation(name, exc, locator, data) from None
-    spec = StackSpec(path, file, env, locator)
+    spec = StackSpec(path, file, env, locator, variables_read=variables_in(raw))
 
     for svc_name, svc in file.services.items():
         for dep in svc.dependencies():

@@ -2,7 +2,10 @@
 
 From the engine's ``kv_transfer_params.cached_token_stats`` (docs/architecture.md section 2):
 ``local_cache_hit_tokens`` (engine's own prefix cache), ``external_cache_hit_tokens``
-(LMCache), ``lookup`` (hit|miss|timeout|error|disabled), ``load_failed_tokens``.
+(LMCache), ``lookup`` (hit|miss|timeout|error|disabled), ``load_failed_tokens``. vLLM with
+LMCache's MP connector reports ``num_vllm_cached_tokens``, ``num_lmcache_cached_tokens`` and
+``num_lmcache_extra_cached_tokens`` instead (``LMCacheMPConnector.request_finished``);
+:func:`normalize_cache_stats` maps them onto the names above.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any, Literal
 
 from chaos.history import Op
 
-__all__ = ["RequestClass", "REQUEST_CLASSES", "classify", "classify_value"]
+__all__ = ["RequestClass", "REQUEST_CLASSES", "classify", "classify_value", "normalize_cache_stats"]
 
 RequestClass = Literal[
     "cold_miss",
@@ -26,13 +29,28 @@ RequestClass = Literal[
 REQUEST_CLASSES: tuple[str, ...] = RequestClass.__args__  # type: ignore[attr-defined]
 
 
+def normalize_cache_stats(raw: dict[str, Any]) -> dict[str, Any]:
+    """``cached_token_stats`` in the reference engine's names, from either engine's form.
+
+    LMCache's MP connector (vLLM): ``num_vllm_cached_tokens`` is the engine's own prefix-cache
+    hit, ``num_lmcache_extra_cached_tokens`` what LMCache served beyond it (its
+    ``num_lmcache_cached_tokens`` counts the overlap too). Keys of the reference form win.
+    """
+    if "num_vllm_cached_tokens" not in raw and "num_lmcache_extra_cached_tokens" not in raw:
+        return raw
+    out = {"local_cache_hit_tokens": int(raw.get("num_vllm_cached_tokens") or 0),
+           "external_cache_hit_tokens": int(raw.get("num_lmcache_extra_cached_tokens") or 0)}
+    out.update({k: v for k, v in raw.items() if not k.startswith("num_")})
+    return out
+
+
 def classify_value(type_: str, value: dict[str, Any]) -> RequestClass:
     """Class of a completion outcome given its op type and value (see :func:`classify`)."""
     if value.get("aborted"):
         return "aborted"
     if type_ != "ok":
         return "failed"
-    stats = value.get("cached_token_stats") or {}
+    stats = normalize_cache_stats(value.get("cached_token_stats") or {})
     local = int(stats.get("local_cache_hit_tokens") or 0)
     external = int(stats.get("external_cache_hit_tokens") or 0)
     if stats.get("lookup") == "timeout":

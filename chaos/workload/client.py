@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from chaos.history import HistoryWriter, Op
 from chaos.workload.generator import prompt_hash
 
-__all__ = ["CompletionRequest", "Cancel", "CompletionClient", "CompletionOutcome"]
+__all__ = ["CompletionRequest", "Cancel", "CompletionClient", "CompletionOutcome", "parse_top_logprobs"]
 
 
 #: Sampling parameters of every request: greedy, and max_tokens tokens however early a
@@ -94,6 +94,27 @@ class CompletionOutcome(BaseModel):
     #: For a cancel aimed at a stage: ``{"at_state", "reached", "entered", "landed_in",
     #: "handled_in", "reason"}`` (landed_in: the engine's stage when the abort reached it).
     cancel: dict[str, Any] | None = None
+    top_logprobs: list[list[list[float]]] | None = Field(
+        default=None,
+        description="per generated token, the top-k alternatives as [token id, logprob] pairs, "
+        "best first; only when the client asked for logprobs")
+
+
+def parse_top_logprobs(entries: Any) -> list[list[list[float]]]:
+    """``[[token_id, logprob], ...]`` per position (best first) from an OpenAI completions
+    ``logprobs.top_logprobs`` list whose keys are ``token_id:N`` (vLLM's
+    ``return_tokens_as_token_ids``; the reference engine always spells them so). A key that is
+    not ``token_id:N`` is dropped (its id is unknown).
+    """
+    out: list[list[list[float]]] = []
+    for entry in entries or []:
+        pairs = []
+        for key, lp in (entry or {}).items():
+            if isinstance(key, str) and key.startswith("token_id:") and key[9:].lstrip("-").isdigit():
+                pairs.append([int(key[9:]), float(lp)])
+        pairs.sort(key=lambda p: -p[1])
+        out.append(pairs)
+    return out
 
 
 class _Abort(Exception):
@@ -109,6 +130,12 @@ class CompletionClient:
         model: the ``model`` field sent (the reference engine ignores it).
         connect_timeout_s: TCP connect timeout, seconds.
         client: an httpx.AsyncClient to use (tests); default one per CompletionClient.
+        logprobs: ask for the top-``logprobs`` alternatives of every generated token (with
+            ``return_tokens_as_token_ids``, so they come back as ids); None asks for none.
+        cache_stats: ask the engine for its per-request cache accounting
+            (``kv_transfer_params: {"cached_token_stats": {}}``: LMCache's MP connector answers
+            only when asked, ``LMCacheMPConnector.request_finished``); off for a recompute twin,
+            which has no connector.
     """
 
     def __init__(
@@ -119,8 +146,12 @@ class CompletionClient:
         model: str = "kvchaos",
         connect_timeout_s: float = 5.0,
         client: httpx.AsyncClient | None = None,
+        logprobs: int | None = None,
+        cache_stats: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.logprobs = logprobs
+        self.cache_stats = cache_stats
         self.history = history
         self.model = model
         self._client = client or httpx.AsyncClient(
@@ -147,10 +178,17 @@ class CompletionClient:
             "prompt": req.prompt_token_ids,
             "max_tokens": req.max_tokens,
             "stream": req.stream,
+            # vLLM (>= 0.10.2) and SGLang return the generated token ids only when asked.
+            "return_token_ids": True,
             **SAMPLING,
         }
         if req.cache_salt is not None:
             body["cache_salt"] = req.cache_salt
+        if self.logprobs is not None:
+            body["logprobs"] = self.logprobs
+            body["return_tokens_as_token_ids"] = True
+        if self.cache_stats:
+            body["kv_transfer_params"] = {"cached_token_stats": {}}
         return body
 
     def _record(self, type_: str, req: CompletionRequest, process: str, phase: str, value: dict) -> Op | None:
@@ -394,6 +432,7 @@ class _Progress:
         self.usage: dict[str, Any] | None = None
         self.status: int | None = None
         self.done = False
+        self.top_logprobs: list[list[list[float]]] | None = None
 
     def absorb_final(self, data: dict[str, Any]) -> None:
         choice = data["choices"][0]
@@ -402,6 +441,9 @@ class _Progress:
         self.finish_reason = choice.get("finish_reason")
         self.usage = data.get("usage")
         self.cached_token_stats = ((data.get("kv_transfer_params") or {}).get("cached_token_stats"))
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            self.top_logprobs = parse_top_logprobs(logprobs.get("top_logprobs"))
 
     def absorb_event(self, event: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -411,6 +453,9 @@ class _Progress:
                 self.token_ids.extend(ids)
                 self.token_times.extend([now] * len(ids))
             self.text += choice.get("text") or ""
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict) and ids:
+                self.top_logprobs = (self.top_logprobs or []) + parse_top_logprobs(logprobs.get("top_logprobs"))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         if event.get("usage"):
@@ -434,6 +479,7 @@ class _Progress:
             status=self.status,
             error=error,
             aborted=aborted,
+            top_logprobs=self.top_logprobs,
         )
 
 

@@ -285,3 +285,32 @@ def test_markdown_lists_the_checks_that_caught_each_bug(tmp_path: Path) -> None:
     assert "`bug-x` / b" not in text  # passed cells are not listed
     assert json.loads(m.write(tmp_path)[1].read_text())["failed_checks"]["bug-x"]["a"] == [
         "leaks", "recompute_equivalence"]
+
+
+def test_overrides_reach_every_scenario_and_tolerant_rates_are_recorded(tmp_path):
+    """zoo/run --numerics/--equivalence: every scenario's engine and recompute_equivalence mode
+    (validated against the stack before anything starts); the matrix reports the tolerant
+    check's noise floor and hit-path rates per cell."""
+    from chaos.checks.result import CheckResult
+    from chaos.runner.suite import load_and_validate
+    from chaos.zoo import equivalence_rates
+
+    paths = sorted((REPO / "scenarios").glob("*.yaml"))
+    loaded = load_and_validate(paths, numerics="batch-dependent", equivalence="tolerant")
+    assert all(s.engine.numerics == "batch-dependent" for s in loaded)
+    assert all(s.checks.recompute_equivalence.mode == "tolerant" for s in loaded
+               if s.checks.recompute_equivalence is not None)
+    assert all(s.stack_variables()["KVCHAOS_ENGINE_NUMERICS"] == "batch-dependent" for s in loaded)
+
+    class R:
+        checks = [CheckResult(name="recompute_equivalence", verdict="passed", summary="", details={
+            "mode": "tolerant", "noise_floor": {"diverged": 2, "replayed": 24},
+            "hit_path": {"diverged": 1, "requests": 12}, "mismatches": []})]
+
+    rates = equivalence_rates(R())
+    assert rates == {"noise_floor": [2, 24], "hit_path": [1, 12], "hard": 0, "verdict": "passed"}
+    m = ZooMatrix(rows=["clean"], columns=["smoke"])
+    m.set("clean", "smoke", "passed")
+    m.equivalence["clean"] = {"smoke": rates}
+    assert "- `clean` / smoke: floor 2/24 (8%), hit path 1/12 (8%), hard 0, passed" in m.to_markdown()
+    assert m.to_json()["equivalence"]["clean"]["smoke"]["noise_floor"] == [2, 24]

@@ -85,7 +85,7 @@ def test_passing_reading_names_its_sources_and_details():
                      leak_errors=[LeakError(source="engine", time=9.0, error="slow")])
     r = leaks.check([], snap, {"quiesce_s": 7})
     assert r.verdict == "passed"
-    assert r.summary == "all counters of lmcache, engine are 0 after quiesce"
+    assert r.summary == "all counters of lmcache, engine are back at their baseline after quiesce"
     d = r.details
     assert d["waited_s"] == 7 and d["leaked"] == [] and d["unread_sources"] == [] and d["missing_fields"] == []
     assert d["sources"]["lmcache"] == {"samples": 2, "errors": 0, "last_error": None,
@@ -150,3 +150,32 @@ def test_twin_never_inherits_planted_bugs_or_coverage(tmp_path):
     engine = spec.services["engine"].env()
     assert twin["KVCHAOS_ENGINE_BUGS"] == "" and twin["KVCHAOS_ENGINE_COVERAGE"] == ""
     assert engine["KVCHAOS_ENGINE_BUGS"] == "drop-cache-salt" and engine["KVCHAOS_ENGINE_COVERAGE"] == "/x/rc"
+def _gauges(series):
+    return [LeakSample(source="engine-metrics", time=10 + i, values={"kv_cache_usage": v, "running": 0.0})
+            for i, v in enumerate(series)]
+
+
+def test_before_faults_baseline_gauge_back_at_baseline_passes():
+    snap = Snapshots(leak_samples=_gauges([0.5, 0.25]),
+                     leak_baselines={"engine-metrics": {"kv_cache_usage": 0.25, "running": 0.0}})
+    r = leaks.check([], snap, None)
+    assert r.verdict == "passed", r.summary
+    assert r.details["sources"]["engine-metrics"]["baseline"]["kv_cache_usage"] == 0.25
+
+
+def test_before_faults_baseline_gauge_above_baseline_fails_naming_it():
+    snap = Snapshots(leak_samples=_gauges([0.5, 0.3]), quiesce_waited_s=4.0,
+                     leak_baselines={"engine-metrics": {"kv_cache_usage": 0.25, "running": 0.0}})
+    r = leaks.check([], snap, None)
+    assert r.verdict == "failed"
+    assert r.summary == "still held after 4s of quiesce: engine-metrics.kv_cache_usage=0.3 (baseline 0.25)"
+
+
+def test_below_baseline_is_not_a_leak_but_an_unread_baseline_is_unknown():
+    below = Snapshots(leak_samples=_gauges([0.1]), leak_baselines={"engine-metrics": {"kv_cache_usage": 0.25,
+                                                                                      "running": 0.0}})
+    assert leaks.check([], below, None).verdict == "passed"
+    unread = Snapshots(leak_samples=_gauges([0.0]), leak_baselines={"engine-metrics": {"kv_cache_usage": None,
+                                                                                       "running": 0.0}})
+    r = leaks.check([], unread, None)
+    assert r.verdict == "unknown" and "kv_cache_usage (baseline before the faults)" in r.summary

@@ -147,3 +147,40 @@ def test_fingerprint_follows_the_numerics_source(monkeypatch):
     before = cfg.fingerprint
     monkeypatch.setattr(config_mod, "_numerics_source_digest", lambda: "changed-code")
     assert cfg.fingerprint != before
+
+
+def test_batch_dependent_numerics_move_logits_a_little_and_exact_stays_exact() -> None:
+    """--numerics batch-dependent: the same prompt in another batch gives other bits, off by a
+    tiny fraction of the logits' spread (near-ties may flip, confident tokens do not); the same
+    batch gives the same bits; the exact path (no batch key, or no noise) is bit-exact as before."""
+    torch.set_num_threads(1)
+    model = PagedLlama(SPEC)
+    pool = KVPool(2, 256, 16, 2, 32, torch.float32)
+    prompt = torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(5)).tolist()
+    table = list(range(-(-300 // 16)))
+
+    def logits(batch_key):
+        pos, out = 0, None
+        while pos < len(prompt):
+            end = min(len(prompt), (pos // 256 + 1) * 256)
+            out = model.forward(prompt[pos:end], pos, table, pool, batch_key)
+            pos = end
+        return out
+
+    exact = logits(None)
+    assert (logits(3) - exact).abs().max().item() == 0.0  # no noise configured: key ignored
+    model.batch_noise = 2e-3
+    assert (logits(None) - exact).abs().max().item() == 0.0  # no batch key: exact path
+    b1, b3 = logits(1), logits(3)
+    assert (logits(1) - b1).abs().max().item() == 0.0  # same batch, same bits
+    moved = (b1 - b3).abs().max().item()
+    assert 0.0 < moved < 0.05 * (exact.max() - exact.min()).item()
+
+
+def test_numerics_settings_are_validated_and_fingerprinted() -> None:
+    from chaos.engine.config import EngineConfig
+
+    exact, noisy = EngineConfig(model=SPEC), EngineConfig(model=SPEC, numerics="batch-dependent")
+    assert exact.fingerprint != noisy.fingerprint
+    with pytest.raises(ValueError, match="--numerics"):
+        EngineConfig(model=SPEC, numerics="fuzzy").validate()

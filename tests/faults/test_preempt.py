@@ -106,7 +106,50 @@ def test_newest_preempts_one_per_call(server, tmp_path):
     f.heal(ctx)
     assert HookServer.bodies == [{"request_id": "newest"}]
     ev = f.evidence(ctx)
-    assert ev == {"bit": True, "preemptions": 1.0, "calls": 1, "preempted_ids": ["r1"], "errors": 0}
+    assert ev == {"bit": True, "preemptions": 1.0, "calls": 1, "preempted_ids": ["r1"], "errors": 0,
+                  "metric": "vllm:num_preemptions_total", "via": "hook"}
+
+
+def test_pool_calls_nothing_and_bites_on_the_engines_own_preemptions(server, tmp_path):
+    """via: pool: the stack's small KV pool preempts; the fault only reads the counter."""
+    f = fault("preempt", via="pool")
+    ctx = FaultContext(stack=stack_for(tmp_path, server))
+    assert f.apply(ctx)["via"] == "pool"
+    HookServer.preemptions += 3  # the engine preempted on its own while the fault was active
+    f.heal(ctx)
+    ev = f.evidence(ctx)
+    assert HookServer.bodies == []
+    assert ev["bit"] is True and ev["preemptions"] == 3.0 and ev["via"] == "pool"
+
+
+def test_pool_without_preemptions_did_not_bite(server, tmp_path):
+    f = fault("preempt", via="pool")
+    ctx = FaultContext(stack=stack_for(tmp_path, server))
+    f.apply(ctx)
+    f.heal(ctx)
+    ev = f.evidence(ctx)
+    assert ev["bit"] is False and "KV pool was not too small" in ev["reason"]
+
+
+def test_the_stacks_preemption_metric_is_read(server, tmp_path):
+    """x-kvchaos.engine_metrics.preemptions names another engine's counter (SGLang's)."""
+    text = STACK + "  engine_metrics: {preemptions: 'vllm:num_preemptions_total{model_name=\"other\"}'}\n"
+    f = fault("preempt", via="pool")
+    ctx = FaultContext(stack=stack_for(tmp_path, server, text))
+    f.apply(ctx)
+    HookServer.preemptions += 2  # on model_name="kvchaos-ref": not the selected series
+    f.heal(ctx)
+    ev = f.evidence(ctx)
+    assert ev["bit"] is False and ev["preemptions"] is None  # no such series: not read
+
+
+def test_needs_depend_on_via():
+    from chaos.faults.preempt import Preempt, PreemptParams
+
+    hook = PreemptParams(kind="preempt", duration=1)
+    pool = PreemptParams(kind="preempt", via="pool", duration=1)
+    assert Preempt.capability_needs(hook) == {"engine.metrics", "engine.hooks.preempt"}
+    assert Preempt.capability_needs(pool) == {"engine.metrics"}
 
 
 def test_nothing_running_did_not_bite(server, tmp_path):

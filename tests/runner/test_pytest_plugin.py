@@ -54,3 +54,21 @@ def test_chaos_marker_runs_scenarios_with_short_failures_and_junit(project):
     assert cases["hold-latency"].find("failure") is None
     report = [p for p in cases["hold-latency"].iter("property") if p.get("name") == "report"]
     assert report and Path(report[0].get("value")).name == "report.html"
+
+
+def test_a_scenario_the_other_stack_cannot_run_is_skipped_naming_the_need(tmp_path):
+    """--kvchaos-stack: a scenario valid on its own stack that needs what the other stack lacks
+    is skipped with the missing capability (the rest of the catalogue still runs there)."""
+    scen = tmp_path / "scenarios"
+    scen.mkdir()
+    stack = (DATA / "proxy-redis-idle.yml").read_text()
+    (scen / "own.yml").write_text(stack.replace("x-kvchaos:\n", "x-kvchaos:\n  capabilities: [engine.hooks.stall]\n", 1))
+    (scen / "other.yml").write_text(stack)
+    (scen / "needs-stall.yaml").write_text(
+        "name: needs-stall\nstack: own.yml\nphases:\n  - name: hold\n    requests: 0\n    faults:\n"
+        "      - {kind: hook, name: stall, service: redis, needs: [engine.hooks.stall], apply: {argv: ['true']},"
+        " evidence: {argv: ['true']}, duration: 1s}\nchecks:\n  evidence: {}\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = scenarios\n")
+    r = pytest_in(tmp_path, "-m", "chaos", "-rs", "--kvchaos-stack", str(scen / "other.yml"))
+    assert "1 skipped" in r.stdout, r.stdout + r.stderr
+    assert "lacks what it needs: engine.hooks.stall (fault 'stall' (hook))" in r.stdout

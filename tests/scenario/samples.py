@@ -11,6 +11,8 @@ x-kvchaos:
   links:
     engine-lmcache: {listen: "127.0.0.1:15555", upstream: "127.0.0.1:5555"}
     lmcache-redis: {listen: "127.0.0.1:16379", upstream: "127.0.0.1:6379"}
+  leak_sources:
+    - {name: lmcache, url: "http://127.0.0.1:18080/status", fields: {active_sessions: active_sessions}}
 """
 
 GOOD = """\

@@ -40,3 +40,18 @@ def test_missing_stats_is_cold_miss_and_invoke_is_refused():
         classify(Op(index=0, time=0, process="client-0", type="invoke", f="complete"))
     with pytest.raises(ValueError):
         classify(Op(index=0, time=0, process="nemesis", type="ok", f="apply"))
+
+
+def test_lmcache_mp_connector_stats_are_mapped_to_the_reference_names():
+    """vLLM + LMCacheMPConnector answer num_vllm_cached_tokens / num_lmcache_cached_tokens /
+    num_lmcache_extra_cached_tokens (LMCacheMPConnector.request_finished)."""
+    from chaos.checks.requests import _stats
+    from chaos.workload.classify import classify_value, normalize_cache_stats
+
+    raw = {"num_vllm_cached_tokens": 256, "num_lmcache_cached_tokens": 768, "num_lmcache_extra_cached_tokens": 512}
+    assert normalize_cache_stats(raw) == {"local_cache_hit_tokens": 256, "external_cache_hit_tokens": 512}
+    assert classify_value("ok", {"cached_token_stats": raw, "prompt_len": 800}) == "lmcache_hit_partial"
+    assert classify_value("ok", {"cached_token_stats": raw, "prompt_len": 769}) == "lmcache_hit_full"
+    assert _stats({"cached_token_stats": raw}).external_cache_hit_tokens == 512
+    ref = {"local_cache_hit_tokens": 1, "external_cache_hit_tokens": 2, "lookup": "hit"}
+    assert normalize_cache_stats(ref) is ref

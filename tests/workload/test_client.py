@@ -212,3 +212,15 @@ def test_cancel_picker(tmp_path):
 
     results = run(body, tmp_path)
     assert [results[f"c-{i}-0"].aborted for i in range(4)] == [False, True, False, True]
+
+
+def test_top_logprobs_by_token_id_best_first():
+    from chaos.workload.client import CompletionClient, parse_top_logprobs
+
+    assert parse_top_logprobs([{"token_id:7": -2.0, "token_id:3": -0.5}, {"token_id:9": -0.1, "x": -0.01}, None]) \
+        == [[[3, -0.5], [7, -2.0]], [[9, -0.1]], []]
+    body = CompletionClient("http://127.0.0.1:1", logprobs=2, cache_stats=True).body(_req("r", False))
+    assert body["logprobs"] == 2 and body["return_tokens_as_token_ids"] is True
+    assert body["kv_transfer_params"] == {"cached_token_stats": {}} and body["return_token_ids"] is True
+    plain = CompletionClient("http://127.0.0.1:1").body(_req("r", False))
+    assert "logprobs" not in plain and "kv_transfer_params" not in plain

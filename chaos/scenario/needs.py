@@ -1,0 +1,89 @@
+"""What a scenario needs from the stack it runs on (chaos/stack/capabilities.py names).
+
+    scenario ──> each fault: registry.get(kind).capability_needs(params)   phases[p].faults[f]
+             ──> each check: checks registry .capability_needs(config)      checks.<name>
+             ──> variables: var:NAME                                         variables.NAME
+             ──> engine options: bugs -> engine.planted_bugs,               engine.<option>
+                 prefix_caching -> var:KVCHAOS_ENGINE_PREFIX_CACHING, ...
+             ──> workload.tenants > 1 -> engine.cache_salt                   workload.tenants
+    ──> [Need(path, capability, who)] ── missing(needs, stack capabilities) ── what the stack lacks
+
+A need ``"a|b"`` is met by either name. The loader turns each missing need into a ConfigError
+at the line of its path (chaos.scenario.loader.validate_against_stack).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chaos.faults import registry as fault_registry
+from chaos.scenario.model import Scenario
+from chaos.stack.capabilities import describe, variable_need
+
+__all__ = ["Need", "scenario_needs", "missing", "need_met", "explain"]
+
+
+@dataclass(frozen=True)
+class Need:
+    """One requirement of a scenario.
+
+    Attributes:
+        path: data path in the scenario file of what needs it (for the error's line).
+        capability: the name (``"a|b"``: either).
+        who: what needs it, for the message (``fault 'stall' (hook)``, ``check leaks``, ...).
+    """
+
+    path: tuple[str | int, ...]
+    capability: str
+    who: str
+
+
+def scenario_needs(scenario: Scenario) -> list[Need]:
+    """Every capability the scenario needs, in file order (faults, checks, variables, engine).
+
+    Raises:
+        KeyError: a fault kind or check name is not registered (cannot happen for a validated
+            scenario).
+    """
+    from chaos.checks import registry as check_registry
+
+    import chaos.checks  # noqa: F401  - registers every check
+
+    out: list[Need] = []
+    for p, f, fault in scenario.faults():
+        cls = fault_registry.get(fault.kind)
+        for cap in sorted(cls.capability_needs(fault)):
+            out.append(Need(("phases", p, "faults", f), cap, f"fault {fault.id!r} ({fault.kind})"))
+    for name in scenario.checks.enabled():
+        spec = check_registry.get(name)
+        for cap in sorted(spec.capability_needs(getattr(scenario.checks, name))):
+            out.append(Need(("checks", name), cap, f"check {name}"))
+    for var in scenario.variables:
+        out.append(Need(("variables", var), variable_need(var), f"variable {var}"))
+    engine = scenario.engine
+    if engine.bugs:
+        out.append(Need(("engine", "bugs"), "engine.planted_bugs", "engine.bugs"))
+    for option, var in engine.option_variables().items():
+        out.append(Need(("engine", option), variable_need(var), f"engine.{option}"))
+    tenants = scenario.workload.tenants
+    if (len(tenants) if isinstance(tenants, list) else tenants) > 1:
+        out.append(Need(("workload", "tenants"), "engine.cache_salt", "workload.tenants > 1"))
+    return out
+
+
+def need_met(capability: str, have: set[str]) -> bool:
+    """True when ``have`` holds the capability (or one alternative of ``"a|b"``)."""
+    return any(alt in have for alt in capability.split("|"))
+
+
+def missing(needs: list[Need], have: set[str]) -> list[Need]:
+    """The needs ``have`` does not meet, in order."""
+    return [n for n in needs if not need_met(n.capability, have)]
+
+
+def explain(need: Need) -> str:
+    """``fault 'x' (hook) needs engine.hooks.stall (POST ...; listed under ...)``."""
+    alts = need.capability.split("|")
+    if len(alts) == 1:
+        return f"{need.who} needs {describe(alts[0])}"
+    return f"{need.who} needs one of: " + "; ".join(describe(a) for a in alts)

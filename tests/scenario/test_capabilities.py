@@ -1,0 +1,185 @@
+"""Stack capabilities: what a stack declares and implies, what scenarios need, and the errors
+(file:line, exit 2) for what a stack lacks, before anything starts."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chaos.faults.base import Fault, FaultParams
+from chaos.faults.registry import register
+from chaos.scenario.cli import app
+from chaos.scenario.loader import load_scenario, validate_against_stack
+from chaos.scenario.needs import missing, need_met, scenario_needs
+from chaos.stack.capabilities import CAPABILITIES, DERIVED, is_known
+from chaos.stack.spec import load_stack
+from chaos.yamlsource import ConfigError
+
+runner = CliRunner()
+
+BARE = """\
+services:
+  engine: {command: [sleep, "1"]}
+  lmcache: {command: [sleep, "1"]}
+x-kvchaos:
+  engine: engine
+  engine_url: http://127.0.0.1:${ENGINE_PORT:-18100}
+  recompute_url: http://127.0.0.1:${RECOMPUTE_PORT:-18101}
+  leak_sources:
+    - {name: lmcache, url: "http://127.0.0.1:1/status", fields: {s: active_sessions}}
+"""
+
+SCENARIO = """\
+name: needs-things
+stack: stack.yml
+variables: {ENGINE_NUM_BLOCKS: "100"}
+engine: {prefix_caching: true}
+workload: {tenants: 2, requests: 2}
+phases:
+  - name: warm
+  - name: hit
+    faults:
+      - {kind: preempt, name: p, start: 0s, duration: 1s}
+      - kind: hook
+        name: stall
+        service: engine
+        needs: [engine.hooks.stall]
+        apply: {http: {url: "http://127.0.0.1:${ENGINE_PORT}/hooks/stall"}}
+        duration: 1s
+checks:
+  recompute_equivalence: {mode: tolerant}
+  hit_recovery: {phases: [hit]}
+  leaks: {}
+"""
+
+
+def _write(tmp_path: Path, stack: str, scenario: str = SCENARIO) -> Path:
+    (tmp_path / "stack.yml").write_text(stack)
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(scenario))
+    return path
+
+
+def test_every_missing_capability_is_an_error_at_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, BARE)
+    scenario = load_scenario(path)
+    spec = load_stack(tmp_path / "stack.yml", allocate_ports=False, require_commands=False)
+    with pytest.raises(ConfigError) as err:
+        validate_against_stack(scenario, set(), set(spec.services), capabilities=spec.capabilities(),
+                               stack_name="stack.yml")
+    text = "\n".join(err.value.problems)
+    for line, what in [(10, "fault 'p' (preempt) needs engine.hooks.preempt"),
+                       (10, "fault 'p' (preempt) needs engine.metrics"),
+                       (11, "fault 'stall' (hook) needs engine.hooks.stall"),
+                       (18, "check recompute_equivalence needs engine.logprobs"),
+                       (19, "check hit_recovery needs engine.cache_stats"),
+                       (3, "variable ENGINE_NUM_BLOCKS needs var:ENGINE_NUM_BLOCKS"),
+                       (4, "engine.prefix_caching needs var:KVCHAOS_ENGINE_PREFIX_CACHING"),
+                       (5, "workload.tenants > 1 needs engine.cache_salt")]:
+        assert f"s.yaml:{line}: " in text and what in text, (what, text)
+    assert "stack.yml does not offer it" in text
+    assert "check leaks" not in text  # the stack has a leak source
+
+
+def test_a_stack_that_offers_everything_passes(tmp_path: Path) -> None:
+    stack = BARE + textwrap.indent(textwrap.dedent("""\
+        capabilities: [engine.metrics, engine.hooks.preempt, engine.hooks.stall, engine.logprobs,
+                       engine.cache_stats, engine.cache_salt]
+        """), "  ")
+    stack = stack.replace("leak_sources:", "leak_sources:", 1)
+    stack += ('  # read by the engine\n'
+              'x-vars: ["${ENGINE_NUM_BLOCKS:-1}", "${KVCHAOS_ENGINE_PREFIX_CACHING:-x}"]\n')
+    path = _write(tmp_path, stack)
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 0, r.output
+
+
+def test_validate_and_list_with_stack_exit_2_naming_the_capability(tmp_path: Path) -> None:
+    path = _write(tmp_path, BARE)
+    other = tmp_path / "other.yml"
+    other.write_text(BARE.replace("18100", "18200"))
+    r = runner.invoke(app, ["validate", str(path), "--stack", str(other)])
+    assert r.exit_code == 2 and "engine.hooks.stall" in r.stderr and f"{other} does not offer it" in r.stderr
+    r = runner.invoke(app, ["list", str(tmp_path), "--stack", str(other)])
+    assert r.exit_code == 2 and "needs engine.hooks.preempt (fault 'p' (preempt))" in r.stdout
+    assert "0 of 1 scenarios run on" in r.stdout
+
+
+def test_unknown_or_derived_capability_in_a_stack_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "a.yml").write_text(BARE + "  capabilities: [engine.hooks.stal]\n")
+    with pytest.raises(ConfigError, match="unknown capability 'engine.hooks.stal'"):
+        load_stack(tmp_path / "a.yml", allocate_ports=False, require_commands=False)
+    (tmp_path / "b.yml").write_text(BARE + "  capabilities: [lmcache.http]\n")
+    with pytest.raises(ConfigError, match="set x-kvchaos.lmcache_http instead"):
+        load_stack(tmp_path / "b.yml", allocate_ports=False, require_commands=False)
+
+
+def test_derived_and_variable_capabilities(tmp_path: Path) -> None:
+    (tmp_path / "s.yml").write_text(BARE + "  lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-1}\n"
+                                    "  redis: {service: lmcache, url: 'redis://127.0.0.1:1'}\n")
+    caps = load_stack(tmp_path / "s.yml", allocate_ports=False, require_commands=False).capabilities()
+    assert {"lmcache.http", "l2.redis", "recompute", "leak_sources", "var:ENGINE_PORT"} <= caps
+    assert "l2.fs" not in caps and "var:KVCHAOS_RUN_DIR" not in caps
+
+
+def test_either_of_two_capabilities():
+    assert need_met("l2.fs|l2.redis", {"l2.redis"}) and not need_met("l2.fs|l2.redis", {"l2.fsx"})
+
+
+def test_l2_corrupt_needs_the_tier_it_targets(tmp_path: Path) -> None:
+    scenario = SCENARIO.replace(
+        "      - {kind: preempt, name: p, start: 0s, duration: 1s}\n",
+        "      - {kind: l2_corrupt, name: c, mode: delete, target: fs, duration: 1s}\n"
+        "      - {kind: l2_corrupt, name: d, mode: delete, duration: 1s}\n")
+    needs = {(n.who, n.capability) for n in scenario_needs(load_scenario(_write(tmp_path, BARE, scenario)))}
+    assert ("fault 'c' (l2_corrupt)", "l2.fs") in needs
+    assert ("fault 'd' (l2_corrupt)", "l2.fs|l2.redis") in needs
+
+
+def test_every_registered_need_is_a_known_capability():
+    from chaos.checks import registry as checks
+    from chaos.faults import registry as faults
+
+    for kind in faults.kinds():
+        assert all(is_known(n) for need in faults.get(kind).needs for n in need.split("|")), kind
+    for name in checks.names():
+        assert all(is_known(n) for need in checks.get(name).needs for n in need.split("|")), name
+    assert set(DERIVED) <= set(CAPABILITIES)
+
+
+def test_a_new_fault_kind_with_an_unknown_need_is_refused_at_registration():
+    from typing import Literal
+
+    class OddParams(FaultParams):
+        kind: Literal["odd_test_kind"]
+
+    class Odd(Fault):
+        params_model = OddParams
+        needs = ("engine.teleport",)
+
+        def apply(self, ctx):  # pragma: no cover - never built
+            return {}
+
+        def heal(self, ctx):  # pragma: no cover
+            return {}
+
+        def evidence(self, ctx):  # pragma: no cover
+            return {}
+
+    with pytest.raises(TypeError, match="unknown capabilities \\['engine.teleport'\\]"):
+        register("odd_test_kind")(Odd)
+
+
+def test_hook_needs_are_checked_when_the_scenario_loads(tmp_path: Path) -> None:
+    path = _write(tmp_path, BARE, SCENARIO.replace("needs: [engine.hooks.stall]", "needs: [engine.hooks.stal]"))
+    with pytest.raises(ConfigError, match="unknown capabilities \\['engine.hooks.stal'\\]"):
+        load_scenario(path)
+
+
+def test_missing_keeps_file_order(tmp_path: Path) -> None:
+    scenario = load_scenario(_write(tmp_path, BARE))
+    got = [n.capability for n in missing(scenario_needs(scenario), set())]
+    assert got[0] == "engine.hooks.preempt" and got.index("engine.logprobs") > got.index("engine.hooks.stall")
