@@ -39,6 +39,11 @@ def _add_layer_commands() -> None:
     from chaos.zoo import zoo
 
     app.command("zoo")(zoo)
+    from chaos.diagnose.cli import diagnose
+    from chaos.shrink.cli import shrink
+
+    app.command("diagnose")(diagnose)
+    app.command("shrink")(shrink)
     app.add_typer(proxy_app, name="proxy")
     app.add_typer(engine_app, name="engine")
 
@@ -204,6 +209,10 @@ def run_cmd(
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
     stack: Path | None = typer.Option(None, "--stack", help="run every scenario on this stack file "
                                       "instead of its own (e.g. compose/vllm-lmcache.yml on a GPU host)"),
+    diagnose: int = typer.Option(3, "--diagnose", envvar="KVCHAOS_DIAGNOSE", min=0,
+                                 help="diagnose the first N failing requests of each run (0: off)"),
+    diagnose_budget: float = typer.Option(60.0, "--diagnose-budget", envvar="KVCHAOS_DIAGNOSE_BUDGET_S",
+                                          help="seconds of diagnosis per run, at most"),
 ) -> None:
     """Run chaos scenarios against their stacks and check the invariants.
 
@@ -218,6 +227,9 @@ def run_cmd(
     if backend not in ("local", "compose"):
         print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
         raise typer.Exit(EXIT_INVALID)
+    import os
+
+    os.environ.update(KVCHAOS_DIAGNOSE=str(diagnose), KVCHAOS_DIAGNOSE_BUDGET_S=str(diagnose_budget))  # chaos/diagnose/hook.py
     try:
         paths = [p for root in scenarios for p in discover_scenarios(root)]
         if not paths:

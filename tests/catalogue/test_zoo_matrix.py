@@ -284,3 +284,26 @@ def test_markdown_lists_the_checks_that_caught_each_bug(tmp_path: Path) -> None:
     assert "`bug-x` / b" not in text  # passed cells are not listed
     assert json.loads(m.write(tmp_path)[1].read_text())["failed_checks"]["bug-x"]["a"] == [
         "leaks", "recompute_equivalence"]
+
+
+def test_caught_cells_list_their_diagnosis_and_shrunk_size(tmp_path: Path) -> None:
+    m = _matrix({CLEAN: {"a": "passed"}, "bug-x": {"a": "caught", "b": "caught"}})
+    m.diagnoses = {"bug-x": {"a": "kv_content (zero) x3", "b": "prefix_length (off by +1 token)"}}
+    m.shrunk = {"bug-x": {"a": {"requests": 2, "phases": 1, "run_seconds": 4.25, "shrink_seconds": 95.0,
+                                "verified": 3, "reruns": 3}}}
+    text = m.to_markdown()
+    assert "| `bug-x` | a | kv_content (zero) x3 | 2 | 1 | 4.2 | 95s |" in text
+    assert "| `bug-x` | b | prefix_length (off by +1 token) | - | - | - | - |" in text
+    data = json.loads(m.write(tmp_path)[1].read_text())
+    assert data["diagnoses"]["bug-x"]["a"] == "kv_content (zero) x3" and data["shrunk"]["bug-x"]["a"]["requests"] == 2
+
+
+def test_diagnosis_summary_counts_verdicts(tmp_path: Path) -> None:
+    from chaos.diagnose.model import Diagnosis, RequestDiagnosis
+    from chaos.zoo import diagnosis_summary
+
+    assert diagnosis_summary(tmp_path) is None
+    reqs = [RequestDiagnosis(request_id=str(i), check="c", verdict=v, kind=k)
+            for i, (v, k) in enumerate([("kv_content", "zero"), ("kv_content", "zero"), ("unknown", None)])]
+    (tmp_path / "diagnosis.json").write_text(Diagnosis(run_id="r", requests=reqs).model_dump_json())
+    assert diagnosis_summary(tmp_path) == "kv_content (zero) x2, unknown"
