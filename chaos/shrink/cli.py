@@ -29,6 +29,7 @@ def scenario_yaml(s: Scenario, out: Path, header: str = "") -> str:
     """The scenario as YAML that loads back into the same model, its stack path relative to
     ``out``'s folder."""
     data: dict[str, Any] = s.model_dump(mode="json", exclude_defaults=True)
+    data["workload"] = s.workload.model_dump(mode="json")  # every workload knob, for the reader
     data["name"] = s.name
     data["stack"] = os.path.relpath(Path(s.stack).resolve(), Path(out).resolve().parent)
     data["seed"] = s.seed
@@ -37,7 +38,9 @@ def scenario_yaml(s: Scenario, out: Path, header: str = "") -> str:
     ordered.update({k: v for k, v in data.items() if k not in ordered})
     text = yaml.safe_dump(ordered, sort_keys=False, default_flow_style=None, width=100)
     lines = "".join(f"# {h}\n" for h in header.splitlines())
-    return "# yaml-language-server: $schema=../schemas/scenario.schema.json\n" + lines + text
+    schema = Path(__file__).resolve().parents[2] / "schemas" / "scenario.schema.json"
+    ref = os.path.relpath(schema, Path(out).resolve().parent) if schema.is_file() else "scenario.schema.json"
+    return f"# yaml-language-server: $schema={ref}\n" + lines + text
 
 
 def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, search_reruns: int = 1,
