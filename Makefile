@@ -36,6 +36,7 @@ bench: setup
 	$(PY) benchmarks/proxy_throughput.py
 	$(PY) benchmarks/ttft_hit.py
 	$(PY) benchmarks/suite_overhead.py
+	$(PY) benchmarks/diagnose_cost.py
 
 clean:
 	rm -rf $(VENV) reports/*/ .pytest_cache

@@ -270,8 +270,9 @@ def _model_for(ctx: _Context, prompt: list[int]) -> str | None:
 
 
 def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | None, check: str,
-                     failure: str) -> RequestDiagnosis:
-    """All six steps for one request (errors are recorded, never raised)."""
+                     failure: str, replay_timeout_s: float = 60.0) -> RequestDiagnosis:
+    """All six steps for one request (errors are recorded, never raised); each replay waits
+    at most ``replay_timeout_s``."""
     t0 = time.monotonic()
     d = RequestDiagnosis(request_id=rec.request_id, check=check, phase=rec.phase, failure=failure)
     s = ctx.settings
@@ -299,11 +300,14 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
     # 1: A/B isolation.
     if s.engine_url:
         d.ab.prefix_cache_reset = reset_prefix_cache(s.engine_url)
-        d.ab.fresh, _ = replay(s.engine_url, "fresh", prompt, max_tokens, cache_salt=salt)
-        d.ab.bypass, _ = replay(s.engine_url, "bypass", prompt, max_tokens, cache_salt=bypass_salt())
+        d.ab.fresh, _ = replay(s.engine_url, "fresh", prompt, max_tokens, cache_salt=salt,
+                               timeout_s=replay_timeout_s)
+        d.ab.bypass, _ = replay(s.engine_url, "bypass", prompt, max_tokens, cache_salt=bypass_salt(),
+                                timeout_s=replay_timeout_s)
     tops: list[dict[int, float]] = []
     if s.recompute_url:
-        d.ab.twin, tops = replay(s.recompute_url, "twin", prompt, max_tokens, logprobs=TOP_K)
+        d.ab.twin, tops = replay(s.recompute_url, "twin", prompt, max_tokens, logprobs=TOP_K,
+                                 timeout_s=replay_timeout_s)
     truth = d.ab.twin.token_ids if d.ab.twin and d.ab.twin.token_ids is not None else expected
     if d.ab.twin and d.ab.twin.token_ids is not None and expected is not None and d.ab.twin.token_ids != expected:
         d.errors.append("the twin's answer now differs from the run's recompute oracle answer")
@@ -399,7 +403,9 @@ def diagnose_failures(history: Iterable[Any], expected: dict[str, list[int]], ch
                                                    reason=f"time budget of {opts.budget_s:g}s spent"))
                 continue
             say(f"diagnose {rid}")
-            diag.requests.append(diagnose_request(ctx, rec, expected.get(rid), chk, line))
+            left = opts.budget_s - (time.monotonic() - t0)
+            diag.requests.append(diagnose_request(ctx, rec, expected.get(rid), chk, line,
+                                                  replay_timeout_s=min(60.0, max(10.0, left))))
     finally:
         ctx.stack.close()
     diag.seconds = round(time.monotonic() - t0, 3)

@@ -67,6 +67,7 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     from chaos.runner.stacks import StackPool
     from chaos.scenario.loader import load_scenario
     from chaos.stack.base import new_run_id
+    from chaos.zoo import restart_dirty
 
     run_dir = Path(run_dir)
     try:
@@ -99,7 +100,12 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
         t0 = time.monotonic()
         stack = pool.acquire(Path(cand.stack), cand.stack_variables(), say=lambda _m: None)
         res = run_scenario(cand.model_copy(deep=True), stack, cdir, run_id=run_id, timeout_s=300)
-        pool.release(Path(cand.stack), res)
+        if res.error or any(f.kind == "kill" for f in res.faults):
+            pool.release(Path(cand.stack), res)  # a restarted server: the next run gets a fresh stack
+        else:
+            # A healed pause leaves the processes running: restart only what still holds locks or
+            # sessions (the candidates check one thing, not leaks), not the whole stack.
+            restart_dirty(stack, lambda _m: None)
         secs = time.monotonic() - t0
         verdict = next((c.verdict for c in res.checks if c.name == target), "unknown")
         note = res.error.splitlines()[0] if res.error else f"{target} {verdict}"

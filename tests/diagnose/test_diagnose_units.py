@@ -175,3 +175,30 @@ def test_report_shows_a_why_section(tmp_path: Path) -> None:
     html = write_report(tmp_path, result, []).read_text()
     assert 'id="why"' in html and "KV content wrong: stale" in html and "first bad layer 2" in html
     json.loads((tmp_path / "diagnosis.json").read_text())
+
+
+def test_cli_rejects_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path)])
+    assert r.exit_code == 2 and "no result.json" in r.output
+    r = CliRunner().invoke(app, ["shrink", str(tmp_path)])
+    assert r.exit_code == 2 and "no result.json" in r.output
+
+
+def test_cli_says_when_nothing_failed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+    from chaos.report.result import build_result
+    from chaos.report.writer import write_report
+
+    write_report(tmp_path, build_result(run_id="r", scenario="s", history=[], checks=[]), [])
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path)])
+    assert r.exit_code == 0 and "nothing to diagnose" in r.output
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path), "no-such-request"])
+    assert r.exit_code == 2 and "no request 'no-such-request'" in r.output
+    r = CliRunner().invoke(app, ["shrink", str(tmp_path)])
+    assert r.exit_code == 2 and "no check failed" in r.output
