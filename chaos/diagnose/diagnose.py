@@ -288,6 +288,13 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
     d.errors.extend(ctx.problems)
     model = _model_for(ctx, prompt)
     hashes: list[bytes] = []
+    mark = [time.monotonic()]
+
+    def lap(step: str) -> None:
+        now = time.monotonic()
+        d.step_seconds[step] = round(now - mark[0], 3)
+        mark[0] = now
+
     # 5 (first half): what LMCache holds before anything is replayed.
     if ctx.main is not None and model is not None and ctx.layout is not None:
         try:
@@ -297,6 +304,7 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
             d.errors.append(f"key identity: {exc}")
     elif ctx.main is not None and model is None:
         d.errors.append("no engine has a KV context registered with LMCache (no model name for the keys)")
+    lap("lmcache_lookups")
     # 1: A/B isolation.
     if s.engine_url:
         d.ab.prefix_cache_reset = reset_prefix_cache(s.engine_url)
@@ -308,6 +316,7 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
     if s.recompute_url:
         d.ab.twin, tops = replay(s.recompute_url, "twin", prompt, max_tokens, logprobs=TOP_K,
                                  timeout_s=replay_timeout_s)
+    lap("replays")
     truth = d.ab.twin.token_ids if d.ab.twin and d.ab.twin.token_ids is not None else expected
     if d.ab.twin and d.ab.twin.token_ids is not None and expected is not None and d.ab.twin.token_ids != expected:
         d.errors.append("the twin's answer now differs from the run's recompute oracle answer")
@@ -356,6 +365,7 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
             d.kv = KVContent(reason=str(exc))
     else:
         d.kv = KVContent(reason="; ".join(ctx.problems) or "no LMCache to read")
+    lap("kv_read_and_compare")
     decide(d, original)
     d.seconds = round(time.monotonic() - t0, 3)
     return d
@@ -392,6 +402,7 @@ def diagnose_failures(history: Iterable[Any], expected: dict[str, list[int]], ch
     if not todo:
         return diag
     ctx = _prepare(settings, opts)
+    diag.prepare_seconds = round(time.monotonic() - t0, 3)
     try:
         for rid, chk, line in todo:
             rec = recs.get(rid)

@@ -239,6 +239,7 @@ class RequestDiagnosis(BaseModel):
     key: KeyIdentity = Field(default_factory=KeyIdentity)
     errors: list[str] = Field(default_factory=list)
     seconds: float = 0.0
+    step_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 class SkippedRequest(BaseModel):
@@ -263,6 +264,7 @@ class Diagnosis(BaseModel):
     skipped: list[SkippedRequest] = Field(default_factory=list)
     budget_s: float | None = None
     seconds: float = 0.0
+    prepare_seconds: float = 0.0
     error: str | None = None
 
     def verdicts(self) -> dict[str, str]:

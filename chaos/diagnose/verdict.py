@@ -3,8 +3,10 @@
 Rules, first match wins (each writes the lines that decided it):
 
 1. ``engine_side``: the bypass replay (nothing reused) is wrong too.
-2. ``key_identity``: the bypass replay reused tokens under a salt nobody used, or the fresh
-   replay's hit is held only under another key than the request's.
+2. ``key_identity``: the fresh replay's hit is held only under another key than the request's,
+   or the bypass replay reused tokens under a salt nobody used and the request failed isolation
+   or its hit is not held under its own key (an engine that ignores cache_salt but failed for
+   another reason goes on to the next rules, with the observation as a line).
 3. ``prefix_length``: the fresh replay claims more loaded prefix than LMCache holds (off by N).
 4. ``kv_content``: a chunk inside the claimed prefix differs from the witness (zero, corrupt,
    stale), with its first bad layer and position.
@@ -61,15 +63,23 @@ def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
                   "still differs from the twin's: the cache path is not at fault")
         return done("engine_side")
     # 2. key identity
-    if bypass and bypass.error is None and bypass.hit_tokens > 0:
-        ev.append(f"A/B: under a cache_salt nobody used ({bypass.cache_salt!r}) the engine reused "
-                  f"{bypass.hit_tokens} tokens: its cache key ignores cache_salt")
-        if key.mismatch:
-            ev.append("key: " + key.mismatch)
-        return done("key_identity")
     if key.mismatch:
         ev.append("key: " + key.mismatch)
+        if bypass and bypass.error is None and bypass.hit_tokens > 0:
+            ev.append(f"A/B: under a cache_salt nobody used ({bypass.cache_salt!r}) the engine reused "
+                      f"{bypass.hit_tokens} tokens: its cache key ignores cache_salt")
         return done("key_identity")
+    if bypass and bypass.error is None and bypass.hit_tokens > 0:
+        line = (f"A/B: under a cache_salt nobody used ({bypass.cache_salt!r}) the engine reused "
+                f"{bypass.hit_tokens} tokens: its cache key ignores cache_salt")
+        own = key.lookups.get(key.request_salt)
+        claimed = original.local + original.external
+        if d.check == "isolation" or (own is not None and own < claimed):
+            ev.append(line)
+            return done("key_identity")
+        # The request's own key explains its hit: the salt is ignored, but that is not why it failed.
+        ev.append(line + f"; this request's hit ({claimed} tokens) is held under its own key, so that is "
+                  "not why it failed")
     # 3. prefix length
     if length and length.off_by is not None and length.off_by > 0:
         ev.append(f"length: the fresh replay claims {length.fresh_local or 0} local + {length.fresh_external or 0} "

@@ -101,9 +101,20 @@ def test_verdict_engine_side_when_the_bypass_is_wrong_too() -> None:
 
 
 def test_verdict_key_identity_when_a_new_salt_still_hits() -> None:
-    d = decide(_diag(ab=ABIsolation(outcome="transient", fresh=_replay("fresh", True, 512),
-                                    bypass=_replay("bypass", True, 512, "new"))), Original(output_wrong=False))
+    d = decide(_diag(check="isolation", ab=ABIsolation(outcome="transient", fresh=_replay("fresh", True, 512),
+                                                       bypass=_replay("bypass", True, 512, "new"))),
+               Original(external=512, output_wrong=False))
     assert d.verdict == "key_identity" and "ignores cache_salt" in d.evidence[0]
+
+
+def test_an_ignored_salt_is_not_the_verdict_when_the_own_key_explains_the_hit() -> None:
+    """An engine that ignores cache_salt, failing because the entry it loaded is zeros."""
+    key = KeyIdentity(request_salt="", lookups={"": 256})
+    d = decide(_diag(key=key, ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 256),
+                                             bypass=_replay("bypass", False, 256, "new")),
+                     kv=_compared([(0, "zero", 0)])), Original(external=256))
+    assert (d.verdict, d.kind) == ("kv_content", "zero")
+    assert any("not why it failed" in e for e in d.evidence)
 
 
 def test_verdict_prefix_length_with_off_by() -> None:
