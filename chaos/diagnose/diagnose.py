@@ -31,7 +31,6 @@ from chaos.checks.result import CheckResult
 from chaos.diagnose import kvdiff
 from chaos.diagnose.lmcache import KVReader, LMCacheReadError, ServerInfo, chunk_hashes, server_info, stored_entries
 from chaos.diagnose.model import (
-    ABIsolation,
     Diagnosis,
     Divergence,
     KeyIdentity,
@@ -158,8 +157,7 @@ def _prepare(settings: KvchaosSettings, options: DiagnoseOptions) -> _Context:
     return ctx
 
 
-def _key_identity(ctx: _Context, rec: RequestRecord, prompt: list[int], salt: str,
-                  claimed: int) -> tuple[KeyIdentity, list[bytes]]:
+def _key_identity(ctx: _Context, prompt: list[int], salt: str) -> tuple[KeyIdentity, list[bytes]]:
     main = ctx.main
     assert main is not None
     hashes = chunk_hashes(prompt, main.chunk_size, main.hash_algorithm)
@@ -220,7 +218,7 @@ def _kv_content(ctx: _Context, model: str, prompt: list[int], salt: str, hashes:
         kv.reason = f"LMCache holds no chunk of this prompt under cache_salt {salt!r}"
         return kv
     wmodel = model if model in ctx.witness.model_names or not ctx.witness.model_names else ctx.witness.model_names[0]
-    n_wit, witness = ctx.reader(ctx.witness, wmodel).read(prompt, "", end=n_served)
+    _, witness = ctx.reader(ctx.witness, wmodel).read(prompt, "", end=n_served)
     if witness is None:
         kv.reason = "the witness LMCache holds no chunk of this prompt (the twin did not store it)"
         return kv
@@ -298,7 +296,7 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
     # 5 (first half): what LMCache holds before anything is replayed.
     if ctx.main is not None and model is not None and ctx.layout is not None:
         try:
-            d.key, hashes = _key_identity(ctx, rec, prompt, salt or "", original.external)
+            d.key, hashes = _key_identity(ctx, prompt, salt or "")
             _lookups(ctx, d.key, model, prompt)
         except LMCacheReadError as exc:
             d.errors.append(f"key identity: {exc}")

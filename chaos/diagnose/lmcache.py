@@ -325,7 +325,7 @@ def fs_object_size(info: ServerInfo) -> int | None:
     """Size in bytes of one object file of the server's first non-empty ``fs`` L2 (None: none),
     to check a KV layout against what LMCache really stores (files hold raw object bytes
     unless the adapter has a serde)."""
-    for i, base in enumerate(info.fs_paths):
+    for base in info.fs_paths:
         try:
             for entry in os.scandir(base):
                 if entry.name.endswith(".data") and entry.is_file():
