@@ -6,8 +6,8 @@
               (chaos/runner/stacks.py StackPool): accepted when the check fails in every one
               of ``search_reruns`` runs
                  phases (keep one / drop one) · faults (drop) · fault windows (start 0, halve)
-                 · requests per phase · concurrency · families · prefix lengths · max_tokens
-                 · suffix tokens · turns · tenants · streaming · phase durations
+                 · max_tokens · requests per phase · families · prefix lengths · suffix tokens
+                 · concurrency · turns · tenants · streaming · phase durations
           └─> final: the result must fail the check in ``reruns`` of ``reruns`` runs, else the
               previous accepted candidate is tried (newest first)
       ─> YAML (validates and runs as a normal scenario)
@@ -113,6 +113,12 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
             c = _copy(s)
             c.phases[pi].faults[fi].duration = round(max(0.5, f.duration / 2), 3)
             yield f"fault {f.name}: duration {f.duration:g}s -> {c.phases[pi].faults[fi].duration:g}s", c
+    # fewer generated tokens first: every later candidate runs faster
+    w = s.workload
+    for k in _smaller_ints(w.max_tokens):
+        c = _copy(s)
+        c.workload.max_tokens = k
+        yield f"max_tokens {w.max_tokens} -> {k}", c
     # requests per phase (smallest first; 0 for a phase that has faults or other phases)
     for pi, p in enumerate(s.phases):
         n = s.phase_requests(p)
@@ -121,11 +127,6 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
             c = _copy(s)
             c.phases[pi].requests = k
             yield f"phase {p.name}: {n} -> {k} requests", c
-    w = s.workload
-    for k in _smaller_ints(w.concurrency):
-        c = _copy(s)
-        c.workload.concurrency = k
-        yield f"concurrency {w.concurrency} -> {k}", c
     for k in _smaller_ints(w.families):
         c = _copy(s)
         c.workload.families = k
@@ -136,15 +137,16 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
             c = _copy(s)
             c.workload.prefix_tokens = [v]
             yield f"prefix_tokens {lengths} -> [{v}]", c
-    for k in _smaller_ints(w.max_tokens):
-        c = _copy(s)
-        c.workload.max_tokens = k
-        yield f"max_tokens {w.max_tokens} -> {k}", c
     if w.suffix_tokens > 0 and w.turns == 1:
         for k in [0] + _smaller_ints(w.suffix_tokens):
             c = _copy(s)
             c.workload.suffix_tokens = k
             yield f"suffix_tokens {w.suffix_tokens} -> {k}", c
+    # less concurrency last: it makes each run longer
+    for k in _smaller_ints(w.concurrency):
+        c = _copy(s)
+        c.workload.concurrency = k
+        yield f"concurrency {w.concurrency} -> {k}", c
     if w.turns > 1:
         c = _copy(s)
         c.workload.turns = 1
