@@ -93,6 +93,7 @@ bench: setup
 	$(PY) benchmarks/proxy_throughput.py
 	$(PY) benchmarks/ttft_hit.py
 	$(PY) benchmarks/suite_overhead.py
+	$(PY) benchmarks/diagnose_cost.py
 
 ## `make test` and three catalogue runs while 4 busy-loop processes keep both cores busy
 ## (benchmarks/load.py: bounded, ended on every exit). Long: about 3x `make test`.

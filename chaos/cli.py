@@ -44,6 +44,11 @@ def _add_layer_commands() -> None:
     from chaos.coverage import coverage_app
 
     app.add_typer(coverage_app, name="coverage")
+    from chaos.diagnose.cli import diagnose
+    from chaos.shrink.cli import shrink
+
+    app.command("diagnose")(diagnose)
+    app.command("shrink")(shrink)
     app.add_typer(proxy_app, name="proxy")
     app.add_typer(engine_app, name="engine")
 
@@ -227,6 +232,10 @@ def run_cmd(
                                         "numerics: exact | batch-dependent (reference engine)"),
     equivalence: str | None = typer.Option(None, "--equivalence", help="recompute_equivalence mode for "
                                            "every scenario: exact | tolerant (engines that are not bit-exact)"),
+    diagnose: int = typer.Option(3, "--diagnose", envvar="KVCHAOS_DIAGNOSE", min=0,
+                                 help="diagnose the first N failing requests of each run (0: off)"),
+    diagnose_budget: float = typer.Option(60.0, "--diagnose-budget", envvar="KVCHAOS_DIAGNOSE_BUDGET_S",
+                                          help="seconds of diagnosis per run, at most"),
 ) -> None:
     """Run chaos scenarios against their stacks and check the invariants.
 
@@ -246,6 +255,9 @@ def run_cmd(
         print("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant",
               file=sys.stderr)
         raise typer.Exit(EXIT_INVALID)
+    import os
+
+    os.environ.update(KVCHAOS_DIAGNOSE=str(diagnose), KVCHAOS_DIAGNOSE_BUDGET_S=str(diagnose_budget))  # chaos/diagnose/hook.py
     try:
         paths = [p for root in scenarios for p in discover_scenarios(root)]
         if not paths:

@@ -108,6 +108,10 @@ class ZooMatrix:
         equivalence: recompute_equivalence's rates in tolerant mode, same keys as ``cells``:
             ``{"noise_floor": [diverged, replayed], "hit_path": [diverged, requests],
             "hard": n, "verdict": str}``.
+        diagnoses: the verdicts ``kvchaos diagnose`` gave the cell's failing requests
+            (chaos/diagnose), e.g. ``"kv_content (zero) x3"``, same keys as ``cells``.
+        shrunk: the cell's shrunk reproducer (``--shrink``): ``{"requests", "phases",
+            "run_seconds", "shrink_seconds", "verified", "reruns", "path"}``.
     """
 
     rows: list[str]
@@ -117,6 +121,8 @@ class ZooMatrix:
     runs: dict[str, dict[str, str]] = field(default_factory=dict)
     failed_checks: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     equivalence: dict[str, dict[str, dict]] = field(default_factory=dict)
+    diagnoses: dict[str, dict[str, str]] = field(default_factory=dict)
+    shrunk: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def cell(self, row: str, column: str) -> Cell:
         """The cell at (row, column), "-" when that pair was not run."""
@@ -158,6 +164,8 @@ class ZooMatrix:
             "runs": self.runs,
             "failed_checks": self.failed_checks,
             "equivalence": self.equivalence,
+            "diagnoses": self.diagnoses,
+            "shrunk": self.shrunk,
             "escaped": self.escaped(),
             "clean_failures": self.clean_failures(),
             "exit_code": self.exit_code(),
@@ -193,11 +201,31 @@ class ZooMatrix:
                         lines.append(f"- `{r}` / {c}: floor {_frac(e['noise_floor'])}, hit path "
                                      f"{_frac(e['hit_path'])}, hard {e['hard']}, {e['verdict']}")
             lines.append("")
+        lines += self._diagnosis_lines()
         esc, bad = self.escaped(), self.clean_failures()
         lines.append(f"Escaped planted bugs: {', '.join(esc) if esc else 'none'}.")
         lines.append(f"Clean engine not passing: {', '.join(bad) if bad else 'none'}.")
         lines.append(f"Exit code: {self.exit_code()}.")
         return "\n".join(lines) + "\n"
+
+    def _diagnosis_lines(self) -> list[str]:
+        """The table of caught cells: the diagnosis their failing requests got and the size of
+        their shrunk reproducer (empty when neither was recorded)."""
+        cells = [(r, c) for r in self.rows for c in self.columns if self.cell(r, c) in ("caught", "failed")
+                 and (c in self.diagnoses.get(r, {}) or c in self.shrunk.get(r, {}))]
+        if not cells:
+            return []
+        out = ["Diagnosis (`kvchaos diagnose`) and shrunk reproducer (`kvchaos shrink`) of each catch:", "",
+               "| engine | scenario | diagnosis | shrunk: requests | phases | seconds (one run) | shrink wall time |",
+               "|---|---|---|---|---|---|---|"]
+        for r, c in cells:
+            sh = self.shrunk.get(r, {}).get(c)
+            size = ([str(sh.get("requests")), str(sh.get("phases")), f"{sh.get('run_seconds', 0):.1f}",
+                     f"{sh.get('shrink_seconds', 0):.0f}s" + ("" if sh.get("verified") == sh.get("reruns")
+                                                               else f" (fails {sh.get('verified')}/{sh.get('reruns')})")]
+                    if sh else ["-", "-", "-", "-"])
+            out.append("| " + " | ".join([f"`{r}`", c, self.diagnoses.get(r, {}).get(c, "-"), *size]) + " |")
+        return out + [""]
 
     def write(self, out_dir: Path) -> tuple[Path, Path]:
         """Write ``matrix.md`` and ``matrix.json`` into ``out_dir`` (created); returns both paths."""
@@ -340,8 +368,26 @@ def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
     return services
 
 
+def diagnosis_summary(run_dir: Path) -> str | None:
+    """The verdicts of a run's diagnosis.json as one cell, e.g. ``kv_content (zero) x3``
+    (most frequent first), None when the run has no diagnosis."""
+    from collections import Counter
+
+    from chaos.diagnose.diagnose import load_diagnosis
+
+    diag = load_diagnosis(run_dir)
+    if diag is None:
+        return None
+    if diag.error:
+        return "diagnosis error"
+    if not diag.requests:
+        return "no request diagnosed"
+    counts = Counter(diag.verdicts().values())
+    return ", ".join(f"{v} x{n}" if n > 1 else v for v, n in counts.most_common())
+
+
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
-            backend: str = "local", timeout_s: float = 600.0,
+            backend: str = "local", timeout_s: float = 600.0, shrink_budget_s: float | None = None,
             say: Callable[[str], None] = lambda _m: None, coverage: object | None = None,
             numerics: str | None = None, equivalence: str | None = None) -> ZooMatrix:
     """Run the plan on one stack pool and fill the matrix.
@@ -355,6 +401,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
         report_dir: parent of the run folders.
         backend: "local" or "compose".
         timeout_s: per-scenario deadline for the phases.
+        shrink_budget_s: when set, shrink every caught cell (``kvchaos shrink``, on the same
+            stack pool) with this search budget and record the reproducer's size.
         say: progress lines.
         coverage: a ``chaos.coverage.EngineCoverage``: the engine records branch coverage,
             each cell under the context ``<row>/<scenario>``.
@@ -417,10 +465,28 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 if rates is not None:
                     matrix.equivalence.setdefault(row, {})[scenario.name] = rates
                 say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
+                if cell in ("caught", "failed") and (why := diagnosis_summary(run_dir)):
+                    matrix.diagnoses.setdefault(row, {})[scenario.name] = why
+                if cell == "caught" and shrink_budget_s is not None:
+                    matrix.shrunk.setdefault(row, {})[scenario.name] = _shrink_cell(run_dir, pool, shrink_budget_s, say)
     finally:
         pool.close()
         signal.signal(signal.SIGTERM, old_handler)
     return matrix
+
+
+def _shrink_cell(run_dir: Path, pool: object, budget_s: float, say: Callable[[str], None]) -> dict:
+    """``kvchaos shrink`` of one caught cell on the zoo's stack pool; its size and times."""
+    from chaos.shrink.cli import run_shrink
+
+    t0 = time.monotonic()
+    try:
+        res, path = run_shrink(run_dir, budget_s=budget_s, pool=pool, say=say)
+    except Exception as exc:  # noqa: BLE001 - one cell's shrink must not stop the zoo
+        return {"error": f"{type(exc).__name__}: {exc}", "shrink_seconds": round(time.monotonic() - t0, 1)}
+    say(f"shrunk {run_dir.name}: {res.final} in {res.seconds:.0f}s")
+    return {**res.final, "run_seconds": res.run_seconds, "shrink_seconds": round(time.monotonic() - t0, 1),
+            "verified": res.verified, "reruns": res.reruns, "path": str(path)}
 
 
 def zoo(
@@ -445,6 +511,9 @@ def zoo(
                                  "GPU kernels do)"),
     equivalence: str = typer.Option(None, "--equivalence", help="recompute_equivalence mode of every "
                                     "scenario: exact | tolerant (margin rule + noise floor)"),
+    shrink: bool = typer.Option(False, "--shrink", help="shrink every caught cell (kvchaos shrink) and "
+                                "record its reproducer's size (slow: minutes per cell)"),
+    shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
@@ -501,6 +570,7 @@ def zoo(
         if repeat > 1:
             typer.echo(f"zoo run {k} of {repeat}", err=True)
         matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
+                         shrink_budget_s=shrink_budget if shrink else None,
                          say=lambda m: typer.echo(m, err=True), coverage=measure, numerics=numerics,
                          equivalence=equivalence)
         matrices.append(matrix)

@@ -47,6 +47,14 @@ def _logprobs_block(events: list[TokenEvent]) -> dict[str, Any]:
     }
 
 
+def debug_routes_enabled() -> bool:
+    """``KVCHAOS_ENGINE_DEBUG_ROUTES=0`` leaves ``/debug/*`` out (an engine that shows nothing of
+    its insides, as a stock vLLM; chaos/diagnose must still diagnose through LMCache alone)."""
+    import os
+
+    return os.environ.get("KVCHAOS_ENGINE_DEBUG_ROUTES", "1").strip() not in ("0", "false", "no", "off")
+
+
 def create_app(core: EngineCore) -> FastAPI:
     """Build the FastAPI app around a started ``EngineCore``.
 
@@ -92,9 +100,10 @@ def create_app(core: EngineCore) -> FastAPI:
         return PlainTextResponse(core.metrics.render(),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/debug/state")
-    async def debug_state() -> JSONResponse:
-        return JSONResponse(await run_in_threadpool(core.debug_state))
+    if debug_routes_enabled():
+        @app.get("/debug/state")
+        async def debug_state() -> JSONResponse:
+            return JSONResponse(await run_in_threadpool(core.debug_state))
 
     @app.get("/debug/requests/{request_id}")
     async def debug_request(request_id: str, wait_for: str | None = None,

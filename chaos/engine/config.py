@@ -23,6 +23,10 @@ class EngineConfig:
         max_num_seqs: most requests running at once.
         enable_prefix_caching: the engine's own prefix cache (APC).
         kv_connector: ``lmcache-mp`` or ``none``.
+        kv_role: ``kv_both`` (look up, load and store) or ``kv_producer`` (store only: never
+            looks up or loads, so every token is computed; vLLM's ``KVTransferConfig.kv_role``
+            names). A recompute twin in ``kv_producer`` role fills a witness LMCache with clean
+            KV for diagnosis (chaos/diagnose).
         lmcache_url: LMCache server ZMQ address (``tcp://HOST:PORT``).
         kv_load_failure_policy: ``recompute`` (compute what failed to load) or ``fail``
             (the request fails with HTTP 500).
@@ -43,6 +47,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     enable_prefix_caching: bool = False
     kv_connector: str = "none"
+    kv_role: str = "kv_both"
     lmcache_url: str = "tcp://127.0.0.1:5555"
     kv_load_failure_policy: str = "recompute"
     lmcache_mq_timeout: float = 5.0
@@ -62,6 +67,8 @@ class EngineConfig:
         self.bugs = validate_bugs(self.bugs)
         if self.kv_connector not in ("lmcache-mp", "none"):
             raise ValueError("--kv-connector must be lmcache-mp or none")
+        if self.kv_role not in ("kv_both", "kv_producer"):
+            raise ValueError("--kv-role must be kv_both or kv_producer")
         if self.kv_load_failure_policy not in ("recompute", "fail"):
             raise ValueError("--kv-load-failure-policy must be recompute or fail")
         if self.block_size < 1 or self.prefill_segment % self.block_size:

@@ -415,8 +415,8 @@ class EngineCore:
     def _lookup_ready(self, req: Request) -> bool:
         """Submit or poll the request's LMCache lookup; True once it has an outcome."""
         conn = self.connector
-        if conn is None:
-            req.lookup_status = "disabled"
+        if conn is None or self.config.kv_role == "kv_producer":
+            req.lookup_status = "disabled"  # a producer only stores: every token is computed
             return True
         if req.lookup_status == "unset":
             self._stall("before_lookup")

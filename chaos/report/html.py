@@ -55,4 +55,14 @@ def render_html(result: RunResult, history: Iterable[Any], run_dir: Path | None 
     """
     tl = build_timeline(result, history)
     logs = log_files(run_dir, result.paths.logs) if run_dir else []
-    return _ENV.get_template("report.html.j2").render(r=result, tl=tl, logs=logs)
+    return _ENV.get_template("report.html.j2").render(r=result, tl=tl, logs=logs, diag=_diagnosis(run_dir))
+
+
+def _diagnosis(run_dir: Path | None) -> dict[str, Any] | None:
+    """run_dir/diagnosis.json (chaos/diagnose) as plain data for the "Why" section, or None."""
+    if run_dir is None or not (run_dir / "diagnosis.json").is_file():
+        return None
+    try:
+        return json.loads((run_dir / "diagnosis.json").read_text())
+    except (OSError, ValueError):
+        return None

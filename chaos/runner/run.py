@@ -341,6 +341,10 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
         say("checks")
         checks = run_checks(history.ops, snapshots,
                             {name: getattr(scenario.checks, name) for name in scenario.checks.enabled()})
+        from chaos.diagnose.hook import diagnose_after_checks  # why requests failed (chaos/diagnose)
+
+        diagnose_after_checks(run_id=run_id, scenario=scenario.name, stack=stack, run_dir=run_dir,
+                              history=history.ops, expected=snapshots.expected, checks=checks, say=say)
     history.close()
     durations = {"total_s": time.monotonic() - t0}
     result = build_result(

@@ -313,6 +313,26 @@ class EngineMetrics(BaseModel):
         return v
 
 
+class WitnessSettings(BaseModel):
+    """A witness LMCache: one that only the recompute twin writes to (it stores, never loads),
+    so its objects are the KV a clean twin computed; chaos/diagnose compares served KV with it."""
+
+    model_config = ConfigDict(extra="forbid")
+    service: str | None = None
+    url: str = Field(description="the witness LMCache MP server's ZMQ address, tcp://HOST:PORT")
+    http: str | None = Field(default=None, description="its HTTP API (status, objects)")
+
+
+class KvLayout(BaseModel):
+    """The engine's KV layout as LMCache stores it: objects of ``[2, num_layers, chunk_size,
+    hidden_dim]`` (K and V planes; lmcache ``register_kv_cache_engine_driven_context``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    num_layers: int = Field(gt=0)
+    hidden_dim: int = Field(gt=0, description="num_kv_heads * head_size")
+    dtype: str = Field(default="float32", pattern=r"^(float32|float16|bfloat16)$")
+
+
 class KvchaosSettings(BaseModel):
     """The ``x-kvchaos`` extension of a stack file (docs/architecture.md section 1)."""
 
@@ -323,6 +343,10 @@ class KvchaosSettings(BaseModel):
     recompute_url: str | None = None
     lmcache: str | None = None
     lmcache_http: str | None = None
+    lmcache_url: str | None = Field(default=None, description="LMCache's own ZMQ address (not through the proxy)")
+    witness: WitnessSettings | None = None
+    kv_layout: KvLayout | None = Field(default=None, description="KV layout for diagnosis; default: "
+                                       "from the engine's /debug/state config")
     proxy: ProxySettings | None = None
     links: dict[str, Link] = Field(default_factory=dict)
     l2_fs_path: str | None = None
@@ -617,7 +641,7 @@ def _check_settings(spec: StackSpec) -> None:
         if svc is not None and svc not in spec.services:
             raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", key)), f"x-kvchaos.{key}",
                               f"names unknown service {svc!r} (services: {', '.join(spec.services)})")
-    for key, obj in (("proxy", s.proxy), ("redis", s.redis)):
+    for key, obj in (("proxy", s.proxy), ("redis", s.redis), ("witness", s.witness)):
         if obj is not None and obj.service is not None and obj.service not in spec.services:
             raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", key, "service")),
                               f"x-kvchaos.{key}.service", f"names unknown service {obj.service!r}")

@@ -314,3 +314,24 @@ def test_overrides_reach_every_scenario_and_tolerant_rates_are_recorded(tmp_path
     m.equivalence["clean"] = {"smoke": rates}
     assert "- `clean` / smoke: floor 2/24 (8%), hit path 1/12 (8%), hard 0, passed" in m.to_markdown()
     assert m.to_json()["equivalence"]["clean"]["smoke"]["noise_floor"] == [2, 24]
+def test_caught_cells_list_their_diagnosis_and_shrunk_size(tmp_path: Path) -> None:
+    m = _matrix({CLEAN: {"a": "passed"}, "bug-x": {"a": "caught", "b": "caught"}})
+    m.diagnoses = {"bug-x": {"a": "kv_content (zero) x3", "b": "prefix_length (off by +1 token)"}}
+    m.shrunk = {"bug-x": {"a": {"requests": 2, "phases": 1, "run_seconds": 4.25, "shrink_seconds": 95.0,
+                                "verified": 3, "reruns": 3}}}
+    text = m.to_markdown()
+    assert "| `bug-x` | a | kv_content (zero) x3 | 2 | 1 | 4.2 | 95s |" in text
+    assert "| `bug-x` | b | prefix_length (off by +1 token) | - | - | - | - |" in text
+    data = json.loads(m.write(tmp_path)[1].read_text())
+    assert data["diagnoses"]["bug-x"]["a"] == "kv_content (zero) x3" and data["shrunk"]["bug-x"]["a"]["requests"] == 2
+
+
+def test_diagnosis_summary_counts_verdicts(tmp_path: Path) -> None:
+    from chaos.diagnose.model import Diagnosis, RequestDiagnosis
+    from chaos.zoo import diagnosis_summary
+
+    assert diagnosis_summary(tmp_path) is None
+    reqs = [RequestDiagnosis(request_id=str(i), check="c", verdict=v, kind=k)
+            for i, (v, k) in enumerate([("kv_content", "zero"), ("kv_content", "zero"), ("unknown", None)])]
+    (tmp_path / "diagnosis.json").write_text(Diagnosis(run_id="r", requests=reqs).model_dump_json())
+    assert diagnosis_summary(tmp_path) == "kv_content (zero) x2, unknown"

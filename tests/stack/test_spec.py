@@ -54,13 +54,17 @@ def test_bad_durations(value):
 
 def test_reference_stack_is_valid():
     spec = load_stack(REPO / "compose/reference.yml", run_dir=Path("/tmp/x"))
-    assert set(spec.services) == {"redis", "toxiproxy", "lmcache", "engine", "engine-recompute"}
+    assert set(spec.services) == {"redis", "toxiproxy", "lmcache", "lmcache-witness", "engine", "engine-recompute"}
     assert set(spec.settings.links) == {"engine-lmcache", "lmcache-redis"}
     # Variables resolve consistently: the engine talks to the proxy's listen port for LMCache.
     link = spec.settings.links["engine-lmcache"]
     assert f"tcp://{link.listen}" in spec.services["engine"].argv()
     assert spec.settings.l2_fs_path == "/tmp/x/l2fs"
-    assert spec.start_order()[0] == ["engine-recompute", "redis", "toxiproxy"]
+    assert spec.start_order()[0] == ["lmcache-witness", "redis", "toxiproxy"]
+    # The twin stores (never loads) into the witness LMCache only, and never gets planted bugs.
+    twin = spec.services["engine-recompute"]
+    assert "kv_producer" in twin.argv() and f"tcp://127.0.0.1:{spec.env['WITNESS_LMCACHE_PORT']}" in twin.argv()
+    assert twin.env()["KVCHAOS_ENGINE_BUGS"] == "" and spec.settings.witness.service == "lmcache-witness"
     # The local backend runs kvchaos's proxy; the compose backend the image's entrypoint.
     assert spec.services["toxiproxy"].argv("local")[:3] == ["kvchaos", "proxy", "serve"]
     assert spec.services["toxiproxy"].argv("compose")[0].startswith("-host")

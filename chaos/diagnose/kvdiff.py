@@ -1,0 +1,95 @@
+"""Served KV against witness KV, chunk by chunk and layer by layer (pure functions).
+
+Triage step 3: "max |cached - recomputed| and the share of zeros in the cached tensor. Large
+diff or many zeros: the entry is corrupt. Zero diff: the KV is right and the fault is in
+length, mask or sampling." A chunk is ``[2, num_layers, chunk_size, hidden_dim]`` (K, V).
+
+Kinds of a differing chunk:
+- ``zero``: at least half of the served values are exactly 0 where the witness's are not
+  (an empty buffer was stored or read);
+- ``corrupt``: non-finite values, or magnitudes far beyond the witness's (bytes that are not KV);
+- ``stale``: plausible KV, but not this prefix's (another request's blocks, an older entry, or
+  KV computed over a wrong context: then layer 0, which depends only on the tokens, still
+  matches and the first bad layer is later).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from chaos.diagnose.model import ChunkDiff, LayerDiff
+
+#: served |max| above this many times the witness's |max| is not KV any more.
+CORRUPT_MAGNITUDE = 8.0
+ZERO_SHARE = 0.5
+
+
+def checksum(t) -> str:
+    """sha256 of a tensor's bytes, 12 hex digits."""
+    return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:12]
+
+
+def _zero_share(t) -> float:
+    return float((t == 0).float().mean()) if t.numel() else 0.0
+
+
+def compare_chunk(served, witness, *, chunk: int, start: int, chunk_hash: str, tolerance: float = 0.0) -> ChunkDiff:
+    """Compare one chunk's served KV with the witness's.
+
+    Args:
+        served, witness: tensors ``[2, num_layers, chunk_size, hidden_dim]`` (same shape).
+        chunk: chunk index in the prompt; start: its first token position.
+        chunk_hash: its LMCache chunk hash (hex), for the report.
+        tolerance: largest |delta| still counted equal, relative to the witness's max |value|
+            (0: bit-exact, as the reference engine is).
+
+    Returns:
+        The :class:`ChunkDiff` (``equal``, ``kind``, first bad layer and position).
+
+    Raises:
+        ValueError: the shapes differ.
+    """
+    import torch
+
+    if served.shape != witness.shape:
+        raise ValueError(f"served KV {tuple(served.shape)} and witness KV {tuple(witness.shape)} differ in shape")
+    s, w = served.float(), witness.float()
+    wmax = float(w.abs().max()) if w.numel() else 0.0
+    tol = tolerance * wmax
+    finite = bool(torch.isfinite(s).all())
+    delta = (s - w).abs()
+    if not finite:
+        delta = torch.where(torch.isfinite(delta), delta, torch.full_like(delta, float("inf")))
+    layers: list[LayerDiff] = []
+    first_layer = first_pos = None
+    for li in range(s.shape[1]):
+        d = delta[:, li]  # [2, T, H]
+        bad = d > tol
+        pos = plane = None
+        if bool(bad.any()):
+            rows = bad.any(dim=2)  # [2, T]
+            by_pos = rows.any(dim=0)
+            t = int(torch.nonzero(by_pos)[0])
+            pos = start + t
+            plane = "K" if bool(rows[0, t]) else "V"
+            if first_layer is None:
+                first_layer, first_pos = li, pos
+        layers.append(LayerDiff(layer=li, max_abs_delta=float(d.max()) if d.numel() else 0.0,
+                                zero_share=round(_zero_share(s[:, li]), 6), served_checksum=checksum(served[:, li]),
+                                witness_checksum=checksum(witness[:, li]), first_position=pos, plane=plane))
+    equal = first_layer is None
+    zero_share, witness_zero = _zero_share(s), _zero_share(w)
+    kind = None
+    if not equal:
+        smax = float(s[torch.isfinite(s)].abs().max()) if finite or bool(torch.isfinite(s).any()) else 0.0
+        if zero_share >= ZERO_SHARE and witness_zero < ZERO_SHARE:
+            kind = "zero"
+        elif not finite or smax > CORRUPT_MAGNITUDE * max(wmax, 1e-30):
+            kind = "corrupt"
+        else:
+            kind = "stale"
+    return ChunkDiff(chunk=chunk, start=start, end=start + s.shape[2], chunk_hash=chunk_hash, equal=equal, kind=kind,
+                     max_abs_delta=float(delta.max()) if delta.numel() else 0.0, zero_share=round(zero_share, 6),
+                     witness_zero_share=round(witness_zero, 6), served_checksum=checksum(served),
+                     witness_checksum=checksum(witness), first_bad_layer=first_layer, first_bad_position=first_pos,
+                     layers=layers)

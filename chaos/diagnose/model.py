@@ -1,0 +1,272 @@
+"""The diagnosis of one failing request, and of a run: what ``diagnosis.json`` holds.
+
+Each step of the triage (/work/shared/corpus/false-hit-triage.md, "The triage procedure") has
+its own model; the verdict names the article's classes:
+
+- ``kv_content``: the KV the request attended to was wrong (``kind``: zero | corrupt | stale);
+- ``prefix_length``: the engine claimed more prefix than the cache held (the mask hid real
+  positions; ``kind``: ``off by +N tokens``);
+- ``key_identity``: the hit came from an entry stored under another key (cache_salt, model);
+- ``logits_sampling``: KV and length right, the output still differs;
+- ``engine_side``: the engine with the cache bypassed is wrong too (model, tokenizer, ...);
+- ``unknown``: the evidence does not decide (said why in ``evidence``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Verdict = Literal["kv_content", "prefix_length", "key_identity", "logits_sampling", "engine_side", "unknown"]
+
+#: The triage article's words for each verdict (report headings).
+VERDICT_TITLES: dict[str, str] = {
+    "kv_content": "KV content wrong",
+    "prefix_length": "prefix length wrong (mask)",
+    "key_identity": "wrong entry (key identity)",
+    "logits_sampling": "logits/sampling (KV and length right, output differs)",
+    "engine_side": "engine-side (wrong with the cache bypassed too)",
+    "unknown": "undecided",
+}
+
+
+class Replay(BaseModel):
+    """One replay of the request's prompt (A/B isolation).
+
+    Attributes:
+        kind: ``fresh`` (the engine, LMCache on, same cache_salt), ``bypass`` (the engine under a
+            cache_salt nobody used, so nothing can be reused), ``twin`` (the recompute twin).
+        token_ids: the output; None when the replay failed (``error``).
+        local_hit_tokens, external_hit_tokens, load_failed_tokens, lookup: what the engine
+            reported (``kv_transfer_params.cached_token_stats``; ``usage`` cached tokens count as
+            local when that is all there is).
+        matches_expected: output equals the twin's (None for the twin itself or on error).
+        seconds: wall time of the replay.
+    """
+
+    kind: Literal["fresh", "bypass", "twin"]
+    cache_salt: str | None = None
+    token_ids: list[int] | None = None
+    error: str | None = None
+    local_hit_tokens: int | None = None
+    external_hit_tokens: int | None = None
+    load_failed_tokens: int | None = None
+    lookup: str | None = None
+    matches_expected: bool | None = None
+    seconds: float = 0.0
+
+    @property
+    def hit_tokens(self) -> int:
+        """Tokens the engine says it did not compute (local + external)."""
+        return (self.local_hit_tokens or 0) + (self.external_hit_tokens or 0)
+
+
+class ABIsolation(BaseModel):
+    """Step 1: the same prompt with the cache on (fresh), bypassed, and on the twin.
+
+    ``outcome``: ``reproducible`` (fresh replay wrong too), ``transient`` (fresh replay right:
+    what broke the request has passed), ``engine-side`` (wrong with the cache bypassed), or
+    ``unknown`` (a replay failed).
+    """
+
+    outcome: Literal["reproducible", "transient", "engine-side", "unknown"] = "unknown"
+    fresh: Replay | None = None
+    bypass: Replay | None = None
+    twin: Replay | None = None
+    prefix_cache_reset: bool | None = None
+
+
+class Divergence(BaseModel):
+    """Step 2: where the tokens part, and the twin's top-k logprobs there.
+
+    Attributes:
+        position: first output index that differs (None: outputs equal).
+        expected_token, actual_token: the tokens there (actual None when the output is short).
+        top_logprobs: the twin's top-k at that position, token id -> logprob.
+        margin: logprob(expected) - logprob(actual) when the actual token is in the top-k: the
+            tolerance a comparison would need to call the two equal (None otherwise).
+        actual_rank: rank of the actual token in the twin's top-k (0 = best), None if absent.
+    """
+
+    position: int | None = None
+    expected_token: int | None = None
+    actual_token: int | None = None
+    top_logprobs: dict[int, float] = Field(default_factory=dict)
+    margin: float | None = None
+    actual_rank: int | None = None
+
+
+class LengthMask(BaseModel):
+    """Step 3: prefix length the engine claims against what LMCache holds for the prompt.
+
+    Attributes:
+        prompt_tokens: prompt length.
+        chunk_size: LMCache's chunk size (tokens).
+        claimed_local, claimed_external: the original request's report (engine prefix cache,
+            LMCache).
+        fresh_local, fresh_external: the fresh replay's report.
+        lmcache_prefix_tokens: LMCache's lookup for the prompt under the request's key, with the
+            last prompt token reserved (what an engine may load), just before the fresh replay.
+        lmcache_full_tokens: the same lookup over every full chunk.
+        valid_prefix: tokens whose KV is legitimately available for the fresh replay.
+        off_by: fresh claim - valid prefix when the engine loaded from LMCache (None: no claim
+            to check); ``off_by_name`` says it in words (one token, one chunk, ...).
+        off_by_original: the original claim - LMCache's prefix now (LMCache may hold more now
+            than then, so only the fresh replay decides).
+    """
+
+    prompt_tokens: int
+    chunk_size: int
+    claimed_local: int | None = None
+    claimed_external: int | None = None
+    fresh_local: int | None = None
+    fresh_external: int | None = None
+    lmcache_prefix_tokens: int | None = None
+    lmcache_full_tokens: int | None = None
+    valid_prefix: int | None = None
+    off_by: int | None = None
+    off_by_name: str | None = None
+    off_by_original: int | None = None
+
+
+class LayerDiff(BaseModel):
+    """Served vs witness KV of one layer of one chunk (K and V planes together).
+
+    ``max_abs_delta``: max |served - witness|; ``zero_share``: share of exact zeros in the served
+    tensor; ``first_position``: absolute token position of the first differing element (None:
+    equal); ``plane``: "K" or "V" there.
+    """
+
+    layer: int
+    max_abs_delta: float
+    zero_share: float
+    served_checksum: str
+    witness_checksum: str
+    first_position: int | None = None
+    plane: str | None = None
+
+
+class ChunkDiff(BaseModel):
+    """Served vs witness KV of one chunk (tokens ``[start, end)``), layer by layer."""
+
+    chunk: int
+    start: int
+    end: int
+    chunk_hash: str
+    equal: bool
+    kind: Literal["zero", "corrupt", "stale"] | None = None
+    max_abs_delta: float
+    zero_share: float
+    witness_zero_share: float
+    served_checksum: str
+    witness_checksum: str
+    first_bad_layer: int | None = None
+    first_bad_position: int | None = None
+    layers: list[LayerDiff] = Field(default_factory=list)
+
+
+class KVContent(BaseModel):
+    """Step 4: the KV LMCache serves for the prompt against the KV the clean twin stored in the
+    witness LMCache, chunk by chunk and layer by layer.
+
+    ``status``: ``compared`` or ``unavailable`` (``reason`` says why: no witness, no layout,
+    nothing stored). ``kind``, ``first_bad_*``: over the chunks within the claimed prefix.
+    """
+
+    status: Literal["compared", "unavailable"] = "unavailable"
+    reason: str | None = None
+    model_name: str | None = None
+    served_salt: str | None = None
+    layout: dict | None = None
+    tolerance: float = 0.0
+    chunks: list[ChunkDiff] = Field(default_factory=list)
+    bad_chunks: list[int] = Field(default_factory=list)
+    kind: Literal["zero", "corrupt", "stale"] | None = None
+    first_bad_chunk: int | None = None
+    first_bad_layer: int | None = None
+    first_bad_position: int | None = None
+
+
+class StoredEntry(BaseModel):
+    """Objects LMCache's L2 holds for the prompt's chunk hashes under one (model, cache_salt)."""
+
+    model_name: str
+    cache_salt: str
+    chunks: list[int]
+    where: list[str]
+
+
+class KeyIdentity(BaseModel):
+    """Step 5: the key the request should use (model, chunk hashes, cache_salt) against the
+    entries LMCache holds and the one the engine's hit can be explained by.
+
+    Attributes:
+        model_names: model names registered with LMCache (engines' KV contexts).
+        request_salt: the request's cache_salt ("" for none).
+        chunk_hashes: the prompt's chunk hashes (hex, LMCache's TokenHasher).
+        lookups: cache_salt -> tokens LMCache holds for the prompt under it (last token
+            reserved), the request's own salt first.
+        l2_entries: what the L2 adapters hold for those hashes, by (model, salt).
+        used_salt: the salt whose entries explain the engine's hit (None: none does).
+        mismatch: a sentence when the hit came from another key.
+    """
+
+    model_names: list[str] = Field(default_factory=list)
+    request_salt: str = ""
+    chunk_hashes: list[str] = Field(default_factory=list)
+    lookups: dict[str, int] = Field(default_factory=dict)
+    l2_entries: list[StoredEntry] = Field(default_factory=list)
+    used_salt: str | None = None
+    mismatch: str | None = None
+
+
+class RequestDiagnosis(BaseModel):
+    """Why one request failed: the six steps and the verdict with the lines that decided it."""
+
+    request_id: str
+    check: str
+    phase: str = ""
+    failure: str = ""
+    verdict: Verdict = "unknown"
+    kind: str | None = None
+    title: str = ""
+    evidence: list[str] = Field(default_factory=list)
+    ab: ABIsolation = Field(default_factory=ABIsolation)
+    divergence: Divergence | None = None
+    length: LengthMask | None = None
+    kv: KVContent = Field(default_factory=KVContent)
+    key: KeyIdentity = Field(default_factory=KeyIdentity)
+    errors: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    step_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class SkippedRequest(BaseModel):
+    """A failing request the diagnosis did not get to (limit, time budget, no prompt)."""
+
+    request_id: str
+    check: str
+    reason: str
+
+
+class Diagnosis(BaseModel):
+    """``diagnosis.json`` of a run.
+
+    ``mode``: ``live`` (on the stack the run used, right after its checks) or ``replayed`` (a
+    fresh stack warmed with the run's earlier requests; faults are not replayed).
+    """
+
+    run_id: str
+    scenario: str = ""
+    mode: Literal["live", "replayed"] = "live"
+    requests: list[RequestDiagnosis] = Field(default_factory=list)
+    skipped: list[SkippedRequest] = Field(default_factory=list)
+    budget_s: float | None = None
+    seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    error: str | None = None
+
+    def verdicts(self) -> dict[str, str]:
+        """``{request_id: "verdict" or "verdict (kind)"}``."""
+        return {r.request_id: r.verdict + (f" ({r.kind})" if r.kind else "") for r in self.requests}

@@ -1,0 +1,101 @@
+"""A/B replays: the request's prompt sent again to the engine (cache on, cache bypassed) and to
+the recompute twin, over the OpenAI-compatible ``/v1/completions`` (any vLLM-like engine).
+
+Bypassing the cache without restarting anything: a ``cache_salt`` no request ever used. A
+correct engine keys both its own prefix cache and LMCache with the salt (vLLM does), so nothing
+can be reused; a hit under it is itself evidence that the key ignores the salt.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from chaos.diagnose.model import Replay
+from chaos.workload.client import SAMPLING
+
+TOP_K = 5
+
+
+def _token_id(label: str) -> int | None:
+    """``token_id:N`` (vLLM's ``--return-tokens-as-token-ids`` spelling) -> N."""
+    if isinstance(label, str) and label.startswith("token_id:"):
+        try:
+            return int(label.split(":", 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+def bypass_salt() -> str:
+    """A cache_salt nobody used (LMCache allows up to 128 chars, no ``@ / \\``)."""
+    return f"kvchaos-diagnose-bypass-{uuid.uuid4().hex[:12]}"
+
+
+def replay(base_url: str, kind: str, prompt: list[int], max_tokens: int, *, cache_salt: str | None = None,
+           logprobs: int | None = None, request_id: str | None = None,
+           timeout_s: float = 120.0) -> tuple[Replay, list[dict[int, float]]]:
+    """Send the prompt once (non-streamed, the workload's sampling: greedy, ignore_eos).
+
+    Args:
+        base_url: engine or twin base URL.
+        kind: ``fresh`` | ``bypass`` | ``twin`` (recorded).
+        prompt: prompt token ids; max_tokens: tokens to generate.
+        cache_salt: sent when not None.
+        logprobs: top-k logprobs to ask for (None: none).
+        request_id: X-Request-Id (default ``kvchaos-diagnose-<kind>-<random>``).
+
+    Returns:
+        ``(Replay, top_logprobs per output position as {token id: logprob})``; an HTTP or
+        transport error is recorded in ``Replay.error``, never raised.
+    """
+    body: dict[str, Any] = {"prompt": list(prompt), "max_tokens": max_tokens, **SAMPLING}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    rid = request_id or f"kvchaos-diagnose-{kind}-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    out = Replay(kind=kind, cache_salt=cache_salt)  # type: ignore[arg-type]
+    tops: list[dict[int, float]] = []
+    try:
+        r = httpx.post(f"{base_url.rstrip('/')}/v1/completions", json=body, headers={"X-Request-Id": rid},
+                       timeout=timeout_s)
+        if r.status_code != 200:
+            out.error = f"HTTP {r.status_code}: {r.text[:200]}"
+            return out, tops
+        data = r.json()
+        choice = data["choices"][0]
+        out.token_ids = [int(t) for t in choice.get("token_ids") or []]
+        stats = ((data.get("kv_transfer_params") or {}).get("cached_token_stats")) or {}
+        cached = ((data.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+        if stats:
+            out.local_hit_tokens = int(stats.get("local_cache_hit_tokens") or 0)
+            out.external_hit_tokens = int(stats.get("external_cache_hit_tokens") or 0)
+            out.load_failed_tokens = int(stats.get("load_failed_tokens") or 0)
+            out.lookup = stats.get("lookup")
+        elif cached is not None:
+            out.local_hit_tokens = int(cached)
+        for entry in ((choice.get("logprobs") or {}).get("top_logprobs") or []):
+            tops.append({tid: float(lp) for label, lp in (entry or {}).items()
+                         if (tid := _token_id(label)) is not None})
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        out.seconds = round(time.monotonic() - t0, 3)
+    return out, tops
+
+
+def reset_prefix_cache(base_url: str, timeout_s: float = 10.0) -> bool | None:
+    """``POST /reset_prefix_cache`` (vLLM's route): True done, None when the engine has no
+    such route, False on an error."""
+    try:
+        r = httpx.post(f"{base_url.rstrip('/')}/reset_prefix_cache", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    if r.status_code == 404:
+        return None
+    return r.status_code < 300

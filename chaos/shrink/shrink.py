@@ -1,0 +1,284 @@
+"""Delta debugging over the scenario model: the smallest scenario that still fails the same check.
+
+    failing run (result.json: scenario file, engine bugs, failed check)
+      └─> start: the scenario with only that check, every phase's requests explicit
+          └─> passes of reductions, in a fixed order, each candidate run on one reused stack
+              (chaos/runner/stacks.py StackPool): accepted when the check fails in every one
+              of ``search_reruns`` runs
+                 phases (keep one / drop one) · faults (drop) · fault windows (start 0, halve)
+                 · max_tokens · requests per phase · families · prefix lengths · suffix tokens
+                 · concurrency · turns · tenants · streaming · phase durations
+          └─> final: the result must fail the check in ``reruns`` of ``reruns`` runs, else the
+              previous accepted candidate is tried (newest first)
+      ─> YAML (validates and runs as a normal scenario)
+
+Deterministic: candidates come in a fixed order and the scenario keeps its seed, so two shrinks
+of one run give the same file (when the runs they make fail the same way). Bounded by a time
+budget: when it is spent the smallest candidate accepted so far is verified and written.
+
+Ideas from Zeller's ddmin (drop halves, then single items) and Hypothesis' shrinker (each pass
+tries the smallest value first).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.scenario.model import Scenario
+
+Candidate = tuple[str, Scenario]
+
+
+@dataclass
+class ShrinkStep:
+    """One candidate tried: what it changed, whether it still failed, its runs' seconds."""
+
+    change: str
+    accepted: bool
+    runs: list[float] = field(default_factory=list)
+    note: str = ""
+
+
+def size(s: Scenario) -> dict[str, Any]:
+    """Requests (all phases), phases and faults of a scenario."""
+    return {"requests": sum(s.phase_requests(p) for p in s.phases), "phases": len(s.phases),
+            "faults": sum(len(p.faults) for p in s.phases)}
+
+
+def _copy(s: Scenario) -> Scenario:
+    c = s.model_copy(deep=True)
+    c._source = s.source  # type: ignore[attr-defined]
+    c._locator = None  # type: ignore[attr-defined]
+    return c
+
+
+def normalise(s: Scenario, check: str) -> Scenario:
+    """The shrink's start: only the target ``check`` (plus its inputs), every phase's request
+    count explicit (so each phase shrinks on its own)."""
+    c = _copy(s)
+    keep = {check}
+    cfg = {name: getattr(c.checks, name) for name in c.checks.enabled() if name in keep}
+    c.checks = type(c.checks).model_validate({k: (v.model_dump() if v is not None else {}) for k, v in cfg.items()})
+    for p in c.phases:
+        p.requests = c.phase_requests(p)
+    c.name = (c.name + "-shrunk")[:100]
+    return c
+
+
+def _smaller_ints(n: int, floor: int = 1) -> list[int]:
+    """1, 2, 4, ... below n (smallest first), at least ``floor``."""
+    out, k = [], floor
+    while k < n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def reductions(s: Scenario) -> Iterator[Candidate]:
+    """Every single-step reduction of ``s``, biggest first within each kind, in a fixed order."""
+    n_phases = len(s.phases)
+    # phases: keep one (the last first: failures tend to show late), then drop one
+    if n_phases > 1:
+        for i in reversed(range(n_phases)):
+            c = _copy(s)
+            c.phases = [c.phases[i]]
+            yield f"keep only phase {s.phases[i].name}", c
+        for i in range(n_phases):
+            c = _copy(s)
+            del c.phases[i]
+            yield f"drop phase {s.phases[i].name}", c
+    # faults: all, then one at a time
+    all_faults = [(pi, fi) for pi, p in enumerate(s.phases) for fi in range(len(p.faults))]
+    if len(all_faults) > 1:
+        c = _copy(s)
+        for p in c.phases:
+            p.faults = []
+        yield "drop every fault", c
+    for pi, fi in all_faults:
+        c = _copy(s)
+        name = c.phases[pi].faults[fi].name
+        del c.phases[pi].faults[fi]
+        yield f"drop fault {name}", c
+    # fault windows
+    for pi, fi in all_faults:
+        f = s.phases[pi].faults[fi]
+        if f.start > 0:
+            c = _copy(s)
+            c.phases[pi].faults[fi].start = 0.0
+            yield f"fault {f.name}: start at 0s", c
+        if f.duration is not None and f.duration > 1.0:
+            c = _copy(s)
+            c.phases[pi].faults[fi].duration = round(max(0.5, f.duration / 2), 3)
+            yield f"fault {f.name}: duration {f.duration:g}s -> {c.phases[pi].faults[fi].duration:g}s", c
+    # fewer generated tokens first: every later candidate runs faster
+    w = s.workload
+    for k in _smaller_ints(w.max_tokens):
+        c = _copy(s)
+        c.workload.max_tokens = k
+        yield f"max_tokens {w.max_tokens} -> {k}", c
+    # requests per phase (smallest first; 0 for a phase that has faults or other phases)
+    for pi, p in enumerate(s.phases):
+        n = s.phase_requests(p)
+        options = ([0] if n and n_phases > 1 else []) + _smaller_ints(n)
+        for k in options:
+            c = _copy(s)
+            c.phases[pi].requests = k
+            yield f"phase {p.name}: {n} -> {k} requests", c
+    for k in _smaller_ints(w.families):
+        c = _copy(s)
+        c.workload.families = k
+        yield f"families {w.families} -> {k}", c
+    lengths = w.prefix_tokens if isinstance(w.prefix_tokens, list) else [w.prefix_tokens]
+    if len(lengths) > 1:
+        for i, v in enumerate(lengths):
+            c = _copy(s)
+            c.workload.prefix_tokens = [v]
+            yield f"prefix_tokens {lengths} -> [{v}]", c
+    if w.suffix_tokens > 0 and w.turns == 1:
+        for k in [0] + _smaller_ints(w.suffix_tokens):
+            c = _copy(s)
+            c.workload.suffix_tokens = k
+            yield f"suffix_tokens {w.suffix_tokens} -> {k}", c
+    # less concurrency last: it makes each run longer
+    for k in _smaller_ints(w.concurrency):
+        c = _copy(s)
+        c.workload.concurrency = k
+        yield f"concurrency {w.concurrency} -> {k}", c
+    if w.turns > 1:
+        c = _copy(s)
+        c.workload.turns = 1
+        yield f"turns {w.turns} -> 1", c
+    if isinstance(w.tenants, int) and w.tenants > 2:
+        c = _copy(s)
+        c.workload.tenants = 2
+        yield f"tenants {w.tenants} -> 2", c
+    if w.stream:
+        c = _copy(s)
+        c.workload.stream = False
+        yield "no streaming", c
+    for pi, p in enumerate(s.phases):
+        if p.duration is not None:
+            c = _copy(s)
+            c.phases[pi].duration = None
+            yield f"phase {p.name}: no minimum duration", c
+
+
+def _valid(c: Scenario) -> bool:
+    """The candidate still validates as a scenario (phase names, hit_recovery phases, ...)."""
+    try:
+        Scenario.model_validate(c.model_dump(mode="json", exclude_none=True), context={"check_paths": False})
+    except ValueError:
+        return False
+    return any(c.phase_requests(p) for p in c.phases)
+
+
+@dataclass
+class ShrinkResult:
+    """What a shrink found.
+
+    Attributes:
+        scenario: the smallest scenario that failed the check in ``verified`` of ``reruns`` runs.
+        original, final: their sizes (:func:`size`).
+        steps: every candidate tried.
+        verified: reruns of the final scenario that failed the check.
+        reruns: reruns asked for.
+        run_seconds: seconds of one run of the final scenario (mean of the verification runs).
+        seconds: the shrink's wall time.
+        budget_spent: the time budget ended the search.
+    """
+
+    scenario: Scenario
+    original: dict[str, Any]
+    final: dict[str, Any]
+    steps: list[ShrinkStep]
+    verified: int
+    reruns: int
+    run_seconds: float
+    seconds: float
+    budget_spent: bool = False
+
+
+def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[bool, float, str]], *,
+           reruns: int = 3, search_reruns: int = 1, budget_s: float = 300.0,
+           say: Callable[[str], None] = lambda _m: None) -> ShrinkResult:
+    """Shrink ``scenario`` while ``fails`` says the check still fails.
+
+    Args:
+        scenario: the failing run's scenario (with the run's engine bugs).
+        check: the check that must keep failing.
+        fails: runs a scenario once; returns ``(the check failed, run seconds, note)``.
+        reruns: final verification runs (all must fail).
+        search_reruns: runs per candidate during the search (all must fail).
+        budget_s: wall-time budget of the search (the final verification runs after it).
+
+    Returns:
+        The :class:`ShrinkResult`.
+
+    Raises:
+        ValueError: the starting scenario does not fail the check in ``search_reruns`` runs.
+    """
+    t0 = time.monotonic()
+    current = normalise(scenario, check)
+    steps: list[ShrinkStep] = []
+
+    def attempt(change: str, cand: Scenario, n: int) -> bool:
+        step = ShrinkStep(change=change, accepted=False)
+        steps.append(step)
+        for _ in range(n):
+            failed, secs, note = fails(cand)
+            step.runs.append(round(secs, 2))
+            step.note = note
+            if not failed:
+                say(f"  {change}: passes ({note})")
+                return False
+        step.accepted = True
+        say(f"  {change}: still fails -> {size(cand)}")
+        return True
+
+    # A timing-dependent failure may need a few tries to show again: up to ``reruns``.
+    if not any(attempt(f"start (only the target check), try {i + 1}", current, search_reruns)
+               for i in range(reruns)):
+        raise ValueError(f"the scenario does not fail {check} in {reruns} runs again; nothing to shrink")
+    accepted = [current]
+    tried: set[str] = set()  # a candidate met again (same model) is not run again
+    spent = False
+    while not spent:  # first improvement, then start over on the smaller scenario: a fixpoint
+        changed = False
+        for change, cand in reductions(current):
+            if time.monotonic() - t0 > budget_s:
+                spent = True
+                break
+            key = cand.model_dump_json()
+            if key in tried or not _valid(cand):
+                continue
+            tried.add(key)
+            if attempt(change, cand, search_reruns):
+                current = cand
+                accepted.append(cand)
+                changed = True
+                break
+        if not changed:
+            break
+    # final verification, newest accepted first
+    verified, run_s = 0, 0.0
+    for cand in reversed(accepted):
+        secs: list[float] = []
+        ok = 0
+        for _ in range(reruns):
+            failed, s, _note = fails(cand)
+            secs.append(s)
+            if not failed:
+                break
+            ok += 1
+        say(f"verify {size(cand)}: fails {ok} of {reruns}")
+        if ok == reruns:
+            current, verified, run_s = cand, ok, sum(secs) / len(secs)
+            break
+    else:
+        current = accepted[0]  # nothing fails every rerun (flaky): report the start, verified 0
+    return ShrinkResult(scenario=current, original=size(normalise(scenario, check)), final=size(current),
+                        steps=steps, verified=verified, reruns=reruns, run_seconds=round(run_s, 2),
+                        seconds=round(time.monotonic() - t0, 1), budget_spent=spent)

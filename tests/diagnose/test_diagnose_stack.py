@@ -1,0 +1,149 @@
+"""Acceptance of chaos/diagnose on the real reference stack: each planted bug gets the right
+verdict from the diagnosis ``kvchaos run`` makes of the run that caught it (short scenarios, in
+the shape ``kvchaos shrink`` gives), and a KV-content diagnosis works through LMCache alone
+with the engine's debug routes switched off.
+
+One stack for the module (the engine is restarted when the planted bug changes). Marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chaos.runner.run import run_scenario
+from chaos.runner.stacks import StackPool
+from chaos.runner.suite import load_and_validate
+from chaos.stack.base import new_run_id
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "compose" / "reference.yml"
+
+pytestmark = pytest.mark.slow
+
+SCENARIOS = {
+    # a miss stores its (not yet computed) chunk; the next request loads it
+    "store-before-compute": """
+workload: {families: 1, prefix_tokens: [300], suffix_tokens: 4, requests: 3, concurrency: 1, max_tokens: 4}
+phases: [{name: p}]
+checks: {recompute_equivalence: {}}
+""",
+    "hit-plus-one-chunk": """
+workload: {families: 1, prefix_tokens: [300], suffix_tokens: 4, requests: 2, concurrency: 1, max_tokens: 4}
+phases: [{name: p}]
+checks: {recompute_equivalence: {}}
+""",
+    "hit-plus-one-token": """
+workload: {families: 1, prefix_tokens: [512], suffix_tokens: 0, requests: 2, concurrency: 1, max_tokens: 8}
+phases: [{name: p}]
+checks: {recompute_equivalence: {}}
+""",
+    "drop-cache-salt": """
+workload: {families: 1, prefix_tokens: [300], suffix_tokens: 0, tenants: 2, requests: 2, concurrency: 1,
+           max_tokens: 4}
+phases: [{name: p}]
+checks: {recompute_equivalence: {}, isolation: {}}
+""",
+    # the next retrieve is held 3s (armed in warm, where nothing is retrieved), LMCache freezes in
+    # that window, the retrieve after the hit times out; the bug trusts the load
+    "trust-failed-load": """
+variables: {ENGINE_NUM_BLOCKS: "128"}
+workload: {families: 2, prefix_tokens: [600], suffix_tokens: 8, requests: 1, concurrency: 1, max_tokens: 8}
+phases:
+  - name: warm                     # both families, so the loading request's blocks held the other's KV
+    requests: 2
+    faults:
+      - kind: hook
+        name: stall-next-retrieve
+        service: engine
+        apply: {http: {url: "http://127.0.0.1:${ENGINE_PORT}/hooks/stall", json: {point: before_retrieve, seconds: 3, count: 1}}}
+        evidence: {argv: ["true"]}
+        until: end
+  - name: fail-load
+    faults:
+      - {kind: pause, name: freeze-lmcache, service: lmcache, start: 500ms, duration: 6s}
+checks: {recompute_equivalence: {}}
+""",
+    # preempted mid-request; the bug resumes it on other blocks than its own, keeping its progress
+    "stale-blocks-on-resume": """
+variables: {ENGINE_NUM_BLOCKS: "100"}
+workload: {families: 1, prefix_tokens: [600], suffix_tokens: 16, requests: 2, concurrency: 1, max_tokens: 96}
+phases:
+  - name: preempt
+    faults:
+      - {kind: preempt, name: preempt-running, target: all, interval: 500ms, start: 200ms, until: end}
+checks: {recompute_equivalence: {}}
+""",
+}
+
+#: bug -> (verdict, allowed kinds or None for any)
+EXPECTED = {
+    "store-before-compute": ("kv_content", {"zero", "stale"}),
+    "hit-plus-one-chunk": ("prefix_length", None),
+    "hit-plus-one-token": ("prefix_length", {"off by +1 token"}),
+    "drop-cache-salt": ("key_identity", None),
+    "trust-failed-load": ("kv_content", {"stale"}),
+    # On a fresh pool the resumed request's other blocks are zeros, and it stores them (the
+    # catalogue's preemption run, on a used pool, reads "stale").
+    "stale-blocks-on-resume": ("kv_content", {"stale", "zero"}),
+}
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    p = StackPool("local", tmp_path_factory.mktemp("diagnose-stacks"))
+    yield p
+    p.close()
+
+
+def _run(pool: StackPool, tmp_path: Path, bug: str, extra_variables: dict[str, str] | None = None):
+    path = tmp_path / f"diagnose-{bug}.yaml"
+    path.write_text(f"name: diagnose-{bug}\nstack: {STACK}\nseed: 5\nengine: {{bugs: [{bug}]}}\n"
+                    + SCENARIOS[bug])
+    (scenario,) = load_and_validate([path])
+    stack = pool.acquire(STACK, {**scenario.stack_variables(), **(extra_variables or {})})
+    run_dir = tmp_path / "run"
+    result = run_scenario(scenario, stack, run_dir, run_id=new_run_id(scenario.name), timeout_s=180)
+    pool.release(STACK, result)
+    assert result.verdict == "failed", [c.summary for c in result.checks]
+    diag = json.loads((run_dir / "diagnosis.json").read_text())
+    assert diag["requests"], diag
+    assert 'id="why"' in (run_dir / "report.html").read_text()
+    return stack, diag
+
+
+@pytest.mark.parametrize("bug", list(EXPECTED))
+def test_each_planted_bug_gets_its_verdict(pool: StackPool, tmp_path: Path, monkeypatch, bug: str) -> None:
+    monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
+    _, diag = _run(pool, tmp_path, bug)
+    verdict, kinds = EXPECTED[bug]
+    first = diag["requests"][0]
+    assert first["verdict"] == verdict, (first["evidence"], first["errors"])
+    if kinds is not None:
+        assert first["kind"] in kinds, first["evidence"]
+    assert first["evidence"] and first["ab"]["twin"]["token_ids"]
+    if bug == "store-before-compute":
+        assert first["kv"]["first_bad_layer"] == 0 and first["kv"]["status"] == "compared"
+    if bug.startswith("hit-plus-one"):
+        assert first["length"]["off_by"] > 0 and first["kv"]["bad_chunks"] == []
+    if bug == "drop-cache-salt":
+        assert first["key"]["lookups"].get(first["key"]["request_salt"]) == 0
+
+
+def test_kv_content_through_lmcache_alone_without_engine_debug_routes(pool: StackPool, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    """The engine serves no /debug/* route: layout from the stack file, KV from LMCache
+    (served objects) and the witness LMCache (the twin's), nothing from the engine's insides."""
+    monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
+    stack, diag = _run(pool, tmp_path, "store-before-compute", {"KVCHAOS_ENGINE_DEBUG_ROUTES": "0"})
+    assert httpx.get(f"{stack.settings.engine_url}/debug/state", timeout=5).status_code == 404
+    first = diag["requests"][0]
+    assert first["verdict"] == "kv_content" and first["kind"] in ("zero", "stale")
+    kv = first["kv"]
+    assert kv["status"] == "compared" and kv["layout"] == stack.settings.kv_layout.model_dump()
+    bad = next(c for c in kv["chunks"] if c["chunk"] == kv["first_bad_chunk"])
+    assert bad["served_checksum"] != bad["witness_checksum"] and bad["first_bad_layer"] == 0
+    assert [layer["layer"] for layer in bad["layers"]] == list(range(stack.settings.kv_layout.num_layers))

@@ -1,0 +1,215 @@
+"""Pure parts of chaos/diagnose: the KV diff, the verdict rules, which requests a run's checks
+name, and the report's "Why" section. No stack is started."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from chaos.checks.result import CheckResult
+from chaos.diagnose.diagnose import failing_requests
+from chaos.diagnose.kvdiff import compare_chunk
+from chaos.diagnose.model import (ABIsolation, ChunkDiff, Diagnosis, KeyIdentity, KVContent, LengthMask, Replay,
+                                  RequestDiagnosis)
+from chaos.diagnose.verdict import Original, decide, off_by_name
+
+
+def _kv(seed: int = 0, layers: int = 3, tokens: int = 8, hidden: int = 4) -> torch.Tensor:
+    return torch.randn(2, layers, tokens, hidden, generator=torch.Generator().manual_seed(seed))
+
+
+def test_equal_chunks_are_equal_with_zero_delta() -> None:
+    w = _kv()
+    d = compare_chunk(w.clone(), w, chunk=1, start=8, chunk_hash="ab")
+    assert d.equal and d.kind is None and d.max_abs_delta == 0.0 and d.first_bad_layer is None
+    assert d.served_checksum == d.witness_checksum and [x.layer for x in d.layers] == [0, 1, 2]
+
+
+def test_all_zero_served_chunk_is_zero_from_layer_0() -> None:
+    w = _kv()
+    d = compare_chunk(torch.zeros_like(w), w, chunk=0, start=0, chunk_hash="ab")
+    assert not d.equal and d.kind == "zero" and d.first_bad_layer == 0 and d.first_bad_position == 0
+    assert d.zero_share == 1.0 and d.witness_zero_share == 0.0
+
+
+def test_kv_over_a_wrong_context_is_stale_from_layer_1_at_its_position() -> None:
+    w = _kv()
+    s = w.clone()
+    s[1, 1:, 5:] = _kv(seed=9)[1, 1:, 5:]  # V planes of layers >= 1 differ from position 5 on
+    d = compare_chunk(s, w, chunk=2, start=16, chunk_hash="ab")
+    assert d.kind == "stale" and d.first_bad_layer == 1 and d.first_bad_position == 21
+    assert d.layers[0].first_position is None and d.layers[1].plane == "V"
+
+
+def test_garbage_bytes_are_corrupt() -> None:
+    w = _kv()
+    s = w.clone()
+    s[0, 0, 0, 0] = float("nan")
+    assert compare_chunk(s, w, chunk=0, start=0, chunk_hash="").kind == "corrupt"
+    s = w * 1000
+    assert compare_chunk(s, w, chunk=0, start=0, chunk_hash="").kind == "corrupt"
+
+
+def test_tolerance_is_relative_to_the_witness_magnitude() -> None:
+    w = _kv()
+    s = w + 1e-6
+    assert not compare_chunk(s, w, chunk=0, start=0, chunk_hash="").equal
+    assert compare_chunk(s, w, chunk=0, start=0, chunk_hash="", tolerance=1e-3).equal
+    with pytest.raises(ValueError, match="shape"):
+        compare_chunk(w[:, :1], w, chunk=0, start=0, chunk_hash="")
+
+
+@pytest.mark.parametrize("n,name", [(1, "off by +1 token"), (256, "off by +1 chunk (256 tokens)"),
+                                    (512, "off by +2 chunks (512 tokens)"), (31, "off by +31 tokens")])
+def test_off_by_names(n: int, name: str) -> None:
+    assert off_by_name(n, 256) == name
+
+
+def _diag(**kw) -> RequestDiagnosis:
+    d = RequestDiagnosis(request_id="r", check="recompute_equivalence")
+    for k, v in kw.items():
+        setattr(d, k, v)
+    return d
+
+
+def _replay(kind: str, ok: bool, hits: int = 0, salt: str | None = None) -> Replay:
+    return Replay(kind=kind, token_ids=[1], matches_expected=ok, external_hit_tokens=hits, local_hit_tokens=0,
+                  cache_salt=salt)
+
+
+def _compared(bad: list[tuple[int, str, int]] = ()) -> KVContent:
+    chunks = []
+    for i in range(2):
+        b = next((x for x in bad if x[0] == i), None)
+        chunks.append(ChunkDiff(chunk=i, start=i * 256, end=(i + 1) * 256, chunk_hash="h", equal=b is None,
+                                kind=b[1] if b else None, max_abs_delta=1.0 if b else 0.0, zero_share=0.0,
+                                witness_zero_share=0.0, served_checksum="a", witness_checksum="a" if not b else "b",
+                                first_bad_layer=b[2] if b else None, first_bad_position=i * 256 if b else None))
+    kv = KVContent(status="compared", chunks=chunks, bad_chunks=[c.chunk for c in chunks if not c.equal])
+    if bad:
+        kv.first_bad_chunk, kv.kind, kv.first_bad_layer = bad[0][0], bad[0][1], bad[0][2]
+    return kv
+
+
+def test_verdict_engine_side_when_the_bypass_is_wrong_too() -> None:
+    d = decide(_diag(ab=ABIsolation(outcome="engine-side", fresh=_replay("fresh", False, 256),
+                                    bypass=_replay("bypass", False, 0, "x"))), Original())
+    assert d.verdict == "engine_side"
+
+
+def test_verdict_key_identity_when_a_new_salt_still_hits() -> None:
+    d = decide(_diag(check="isolation", ab=ABIsolation(outcome="transient", fresh=_replay("fresh", True, 512),
+                                                       bypass=_replay("bypass", True, 512, "new"))),
+               Original(external=512, output_wrong=False))
+    assert d.verdict == "key_identity" and "ignores cache_salt" in d.evidence[0]
+
+
+def test_an_ignored_salt_is_not_the_verdict_when_the_own_key_explains_the_hit() -> None:
+    """An engine that ignores cache_salt, failing because the entry it loaded is zeros."""
+    key = KeyIdentity(request_salt="", lookups={"": 256})
+    d = decide(_diag(key=key, ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 256),
+                                             bypass=_replay("bypass", False, 256, "new")),
+                     kv=_compared([(0, "zero", 0)])), Original(external=256))
+    assert (d.verdict, d.kind) == ("kv_content", "zero")
+    assert any("not why it failed" in e for e in d.evidence)
+
+
+def test_verdict_prefix_length_with_off_by() -> None:
+    length = LengthMask(prompt_tokens=512, chunk_size=256, fresh_local=0, fresh_external=257,
+                        lmcache_prefix_tokens=256, valid_prefix=256, off_by=1, off_by_name="off by +1 token")
+    d = decide(_diag(ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 257),
+                                    bypass=_replay("bypass", True)), length=length, kv=_compared()), Original())
+    assert (d.verdict, d.kind) == ("prefix_length", "off by +1 token")
+
+
+def test_verdict_kv_content_names_kind_and_layer() -> None:
+    d = decide(_diag(ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 256),
+                                    bypass=_replay("bypass", True)), kv=_compared([(0, "zero", 0)])), Original())
+    assert (d.verdict, d.kind) == ("kv_content", "zero") and "first bad layer 0" in d.evidence[0]
+
+
+def test_verdict_trusted_failed_load_is_stale_kv() -> None:
+    d = decide(_diag(ab=ABIsolation(outcome="transient", fresh=_replay("fresh", True, 1024),
+                                    bypass=_replay("bypass", True)), kv=_compared()),
+               Original(external=1024, load_failed=1024))
+    assert (d.verdict, d.kind) == ("kv_content", "stale") and "failed to load" in " ".join(d.evidence)
+
+
+def test_verdict_preempted_request_is_stale_kv_only_when_transient() -> None:
+    ab = ABIsolation(outcome="transient", fresh=_replay("fresh", True), bypass=_replay("bypass", True))
+    assert decide(_diag(ab=ab, kv=_compared()), Original(preemptions=2)).kind == "stale"
+    ab = ABIsolation(outcome="reproducible", fresh=_replay("fresh", False), bypass=_replay("bypass", True))
+    assert decide(_diag(ab=ab, kv=_compared()), Original(preemptions=2)).verdict == "logits_sampling"
+
+
+def test_verdict_unknown_says_what_was_seen() -> None:
+    ab = ABIsolation(outcome="transient", fresh=_replay("fresh", True), bypass=_replay("bypass", True))
+    d = decide(_diag(ab=ab, kv=KVContent(reason="no witness LMCache")), Original())
+    assert d.verdict == "unknown" and any("no witness" in e for e in d.evidence)
+
+
+def test_key_mismatch_decides_before_length() -> None:
+    key = KeyIdentity(request_salt="t1", lookups={"t1": 0, "": 512}, used_salt="", mismatch="held under ''")
+    length = LengthMask(prompt_tokens=700, chunk_size=256, off_by=512, off_by_name="x")
+    d = decide(_diag(ab=ABIsolation(fresh=_replay("fresh", True, 512), bypass=_replay("bypass", True, 0)),
+                     key=key, length=length), Original(output_wrong=False))
+    assert d.verdict == "key_identity"
+
+
+def test_failing_requests_come_from_request_checks_once_each() -> None:
+    checks = [
+        CheckResult(name="leaks", verdict="failed", summary="x", details={}),
+        CheckResult(name="recompute_equivalence", verdict="failed", summary="x",
+                    details={"mismatches": [{"request_id": "a", "line": "req a ..."}, {"request_id": "b"}]}),
+        CheckResult(name="isolation", verdict="failed", summary="y",
+                    details={"violations": [{"request_id": "b"}, {"request_id": "c", "hit_tokens": 5,
+                                                                   "same_tenant_lcp": 0}]}),
+        CheckResult(name="isolation", verdict="passed", summary="z", details={"violations": [{"request_id": "d"}]}),
+    ]
+    got = failing_requests(checks)
+    assert [(r, c) for r, c, _ in got] == [("a", "recompute_equivalence"), ("b", "recompute_equivalence"),
+                                          ("c", "isolation")]
+    assert got[0][2] == "req a ..." and "reused 5" in got[2][2]
+
+
+def test_report_shows_a_why_section(tmp_path: Path) -> None:
+    from chaos.report.result import build_result
+    from chaos.report.writer import write_report
+
+    result = build_result(run_id="r1", scenario="s", history=[], checks=[])
+    d = decide(_diag(ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 256),
+                                    bypass=_replay("bypass", True)), kv=_compared([(1, "stale", 2)])), Original())
+    (tmp_path / "diagnosis.json").write_text(Diagnosis(run_id="r1", requests=[d]).model_dump_json())
+    html = write_report(tmp_path, result, []).read_text()
+    assert 'id="why"' in html and "KV content wrong: stale" in html and "first bad layer 2" in html
+    json.loads((tmp_path / "diagnosis.json").read_text())
+
+
+def test_cli_rejects_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path)])
+    assert r.exit_code == 2 and "no result.json" in r.output
+    r = CliRunner().invoke(app, ["shrink", str(tmp_path)])
+    assert r.exit_code == 2 and "no result.json" in r.output
+
+
+def test_cli_says_when_nothing_failed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+    from chaos.report.result import build_result
+    from chaos.report.writer import write_report
+
+    write_report(tmp_path, build_result(run_id="r", scenario="s", history=[], checks=[]), [])
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path)])
+    assert r.exit_code == 0 and "nothing to diagnose" in r.output
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path), "no-such-request"])
+    assert r.exit_code == 2 and "no request 'no-such-request'" in r.output
+    r = CliRunner().invoke(app, ["shrink", str(tmp_path)])
+    assert r.exit_code == 2 and "no check failed" in r.output

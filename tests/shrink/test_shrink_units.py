@@ -1,0 +1,101 @@
+"""chaos/shrink's search on a predicate instead of a stack: it finds a local minimum, keeps the
+target check only, is deterministic, verifies the result, and writes YAML that loads back as a
+scenario. (A real shrink on the reference stack: tests/shrink/test_shrink_stack.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos.scenario.loader import load_scenario
+from chaos.scenario.model import Scenario
+from chaos.shrink.cli import scenario_yaml
+from chaos.shrink.shrink import normalise, reductions, shrink, size
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _scenario(name: str = "retrieve-fail-after-lookup") -> Scenario:
+    return load_scenario(REPO / "scenarios" / f"{name}.yaml")
+
+
+def _fails_when(pred):
+    calls = []
+
+    def fails(s: Scenario):
+        calls.append(size(s))
+        return pred(s), 0.01, "predicate"
+    return fails, calls
+
+
+def _needs_pause_and_two_requests(s: Scenario) -> bool:
+    kinds = {f.kind for p in s.phases for f in p.faults}
+    return "pause" in kinds and sum(s.phase_requests(p) for p in s.phases) >= 2
+
+
+def test_shrink_reaches_a_local_minimum_and_keeps_only_the_check() -> None:
+    fails, _ = _fails_when(_needs_pause_and_two_requests)
+    res = shrink(_scenario(), "recompute_equivalence", fails, reruns=3)
+    s = res.scenario
+    assert res.verified == 3 and s.checks.enabled() == ["recompute_equivalence"]
+    assert [f.kind for p in s.phases for f in p.faults] == ["pause"]
+    assert size(s)["requests"] == 2 and len(s.phases) == 1
+    assert s.workload.concurrency == 1 and s.workload.max_tokens == 1
+    assert res.original["requests"] == 6 and res.final == size(s)
+    # no single reduction of the result still fails: it is 1-minimal for the predicate
+    assert not any(_needs_pause_and_two_requests(c) for _, c in reductions(s)
+                   if any(c.phase_requests(p) for p in c.phases))
+
+
+def test_two_shrinks_give_the_same_file(tmp_path: Path) -> None:
+    texts = []
+    for _ in range(2):
+        fails, _ = _fails_when(_needs_pause_and_two_requests)
+        res = shrink(_scenario(), "recompute_equivalence", fails)
+        texts.append(scenario_yaml(res.scenario, tmp_path / "x.yaml", "header"))
+    assert texts[0] == texts[1]
+
+
+def test_written_yaml_loads_back_as_the_same_scenario(tmp_path: Path) -> None:
+    fails, _ = _fails_when(_needs_pause_and_two_requests)
+    res = shrink(_scenario(), "recompute_equivalence", fails)
+    out = tmp_path / "sub" / "shrunk.yaml"
+    out.parent.mkdir()
+    out.write_text(scenario_yaml(res.scenario, out, "a header\nsecond line"))
+    back = load_scenario(out)
+    assert back.model_dump(exclude={"stack"}) == res.scenario.model_dump(exclude={"stack"})
+    assert Path(back.stack).resolve() == Path(res.scenario.stack).resolve()
+    assert out.read_text().startswith("# yaml-language-server") and "# second line" in out.read_text()
+
+
+def test_a_run_that_does_not_fail_again_is_an_error() -> None:
+    fails, calls = _fails_when(lambda s: False)
+    with pytest.raises(ValueError, match="does not fail"):
+        shrink(_scenario("smoke"), "recompute_equivalence", fails, reruns=3)
+    assert len(calls) == 3  # a timing-dependent failure gets three tries to show again
+
+
+def test_flaky_candidates_fall_back_to_one_that_fails_every_rerun() -> None:
+    """Candidates with fewer than 4 requests fail once in the search, then pass: the final
+    verification keeps the smallest one that fails all reruns."""
+    seen: dict[int, int] = {}
+
+    def fails(s: Scenario):
+        n = size(s)["requests"]
+        seen[n] = seen.get(n, 0) + 1
+        return (n >= 4 or seen[n] == 1), 0.01, ""
+
+    res = shrink(_scenario("smoke"), "recompute_equivalence", fails, reruns=3)
+    assert res.verified == 3 and res.final["requests"] >= 4
+
+
+def test_budget_stops_the_search_but_still_verifies() -> None:
+    fails, _ = _fails_when(lambda s: True)
+    res = shrink(_scenario("smoke"), "recompute_equivalence", fails, budget_s=0.0)
+    assert res.budget_spent and res.verified == 3 and res.final == res.original
+
+
+def test_normalise_makes_requests_explicit() -> None:
+    s = normalise(_scenario("smoke"), "recompute_equivalence")
+    assert [p.requests for p in s.phases] == [12, 12] and s.name == "smoke-shrunk"
