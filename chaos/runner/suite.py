@@ -18,10 +18,9 @@ from chaos.report.suite import write_suite
 from chaos.report.writer import write_report
 from chaos.runner.run import run_scenario
 from chaos.runner.stacks import StackPool
-from chaos.scenario.loader import load_scenario, validate_against_stack
+from chaos.scenario.loader import check_scenario
 from chaos.scenario.model import Scenario
 from chaos.stack.base import StackError, new_run_id
-from chaos.stack.spec import load_stack
 from chaos.yamlsource import ConfigError
 
 
@@ -48,41 +47,29 @@ class SuiteOptions:
     extra: dict = field(default_factory=dict)
 
 
-def load_and_validate(paths: list[Path], stack: Path | None = None) -> list[Scenario]:
-    """Load every scenario and check each against its stack file (links, services).
+def load_and_validate(paths: list[Path], stack: Path | None = None, *,
+                      warnings: list[str] | None = None, require_commands: bool = True) -> list[Scenario]:
+    """Load every scenario and check each against its stack file (links, services, what its
+    checks need), every problem of a file in one pass (chaos.scenario.loader.check_scenario).
 
     Args:
         paths: scenario files.
         stack: run every scenario on this stack file instead of its own (e.g. the GPU stack).
+        warnings: when given, the files' warnings (``file:line: ...``) are appended to it.
+        require_commands: every stack service needs a ``command`` (the local backend runs it).
 
     Raises:
         ConfigError: the first invalid file, with every problem of it listed.
     """
     scenarios = []
-    stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None]]] = {}
-    if stack is not None and not Path(stack).is_file():
-        raise ConfigError(str(stack), None, None, "stack file not found (--stack)")
     for path in paths:
-        scenario = load_scenario(path)
-        if stack is not None:
-            scenario.stack = Path(stack).resolve()
-        key = Path(scenario.stack).resolve()
-        if key not in stacks:
-            spec = load_stack(key, allocate_ports=False, run_dir=Path("/nonexistent"))
-            urls = {"engine_url": spec.settings.engine_url, "recompute_url": spec.settings.recompute_url}
-            stacks[key] = (set(spec.settings.links), set(spec.services), urls)
-        links, services, urls = stacks[key]
-        validate_against_stack(scenario, links, services)
-        file = str(scenario.source)
-        if not urls["engine_url"] and any(scenario.phase_requests(p) for p in scenario.phases):
-            raise ConfigError(file, scenario.locator.line_of(("workload",)) if scenario.locator else None,
-                              "workload", f"the scenario sends requests but its stack {key} names no "
-                              "x-kvchaos.engine_url")
-        if not urls["recompute_url"] and scenario.checks.recompute_equivalence is not None:
-            raise ConfigError(file, scenario.locator.line_of(("checks", "recompute_equivalence"))
-                              if scenario.locator else None, "checks.recompute_equivalence",
-                              f"needs a recompute twin, but the stack {key} names no x-kvchaos.recompute_url")
-        scenarios.append(scenario)
+        check = check_scenario(path, stack=stack, require_commands=require_commands)
+        if warnings is not None:
+            warnings.extend(check.warning_lines())
+        if not check.ok:
+            raise check.error()
+        assert check.scenario is not None
+        scenarios.append(check.scenario)
     return scenarios
 
 

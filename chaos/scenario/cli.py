@@ -4,7 +4,8 @@ The lead's chaos/cli.py wires these as top-level commands, e.g.
 ``app.command("validate")(validate)``; ``app`` here is a standalone Typer app with the same
 three commands (used by the tests).
 
-Exit codes: 0 valid, 2 a scenario (or the stack file it names) is invalid.
+Exit codes: 0 valid (warnings may be printed), 2 a scenario (or the stack file it names) is
+invalid, or a path names no scenario at all.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from chaos.scenario.loader import discover_scenarios, load_scenario, validate_against_stack
+from chaos.scenario.loader import check_scenario, discover_scenarios, load_scenario
 from chaos.scenario.model import Scenario
-from chaos.yamlsource import ConfigError
+from chaos.yamlsource import ConfigError, display_path
 
 __all__ = ["app", "validate", "schema", "list_scenarios", "stack_names", "schema_text", "DEFAULT_SCHEMA_PATH"]
 
@@ -40,20 +41,16 @@ def stack_names(stack_file: Path) -> tuple[set[str], set[str]]:
     return set(spec.settings.links), set(spec.services)
 
 
-def _check_one(path: Path) -> Scenario:
-    scenario = load_scenario(path)
-    links, services = stack_names(scenario.stack)
-    validate_against_stack(scenario, links, services)
-    return scenario
-
-
 def validate(
     files: Annotated[list[Path], typer.Argument(help="scenario files or folders of them")],
 ) -> None:
-    """Validate scenario files (keys, values, the stack file, links named by faults).
+    """Validate scenario files (keys, values, names between parts, the stack file, the links and
+    services faults name, what checks need of the stack).
 
-    Prints ``file: ok`` or one ``file:line: field: message`` line per problem. Exits 2 when any
-    file is invalid.
+    Prints ``file: ok`` or one ``file:line: field: message`` line per problem, every problem of
+    a file in one pass; ``warning: file:line: ...`` for likely mistakes that do not stop a run
+    (a hook without evidence, a file named differently from its ``name``). Exits 2 when any file
+    is invalid or a path holds no scenario file.
     """
     bad = 0
     for root in files:
@@ -63,14 +60,20 @@ def validate(
             typer.echo(str(exc), err=True)
             bad += 1
             continue
+        if not paths:
+            typer.echo(f"{display_path(root)}: no scenario files (*.yaml, *.yml other than stack files) here",
+                       err=True)
+            bad += 1
+            continue
         for path in paths:
-            try:
-                _check_one(path)
-            except ConfigError as exc:
-                typer.echo(str(exc), err=True)
-                bad += 1
+            check = check_scenario(path)
+            for line in check.warning_lines():
+                typer.echo(f"warning: {line}", err=True)
+            if check.ok:
+                typer.echo(f"{display_path(path)}: ok")
             else:
-                typer.echo(f"{path}: ok")
+                typer.echo(str(check.error()), err=True)
+                bad += 1
     if bad:
         raise typer.Exit(2)
 

@@ -11,6 +11,7 @@ x-kvchaos:
   links:
     engine-lmcache: {listen: "127.0.0.1:15555", upstream: "127.0.0.1:5555"}
     lmcache-redis: {listen: "127.0.0.1:16379", upstream: "127.0.0.1:6379"}
+  engine_url: "http://127.0.0.1:18100"
 """
 
 GOOD = """\
