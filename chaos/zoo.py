@@ -23,7 +23,6 @@ scenarios' own (fixed), so reruns give the same matrix.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ ZOO_MAP: dict[str, list[str]] = {
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
 #: failed a check; "error": the stack did not start; "-": not run.
-Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "error", "-"]
+Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "error", "interrupted", "-"]
 
 EXIT_OK = 0
 EXIT_ZOO_FAILED = 1
@@ -327,12 +326,11 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     columns = [s.name for s in load_and_validate(scenario_paths)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
 
-    def on_sigterm(signum: int, _frame: object) -> None:
-        # Between scenarios too: leave through ``finally`` so the stacks come down.
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+    from chaos import interrupts
+    from chaos.runner.suite import interrupted_result
 
-    old_handler = signal.signal(signal.SIGTERM, on_sigterm)
     pool = StackPool(backend, report_dir / new_run_id("zoo-stacks"))
+    current: tuple | None = None  # (row, scenario, run_id, run_dir) of the cell under way
     try:
         for row, names in plan.items():
             bugs = [] if row == CLEAN else [row]
@@ -344,6 +342,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 run_dir = report_dir / run_id
                 say(f"[{row}] {scenario.name}")
                 t0 = time.monotonic()
+                current = (row, scenario, run_id, run_dir)
                 try:
                     stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
                 except (StackError, ConfigError) as exc:
@@ -352,17 +351,26 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                     restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
                                           progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
-                if result.error and result.error.startswith("interrupted"):
-                    raise KeyboardInterrupt(result.error)  # Ctrl-C / SIGTERM: stop the zoo, not one cell
+                current = None
                 cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
                                 error=result.error is not None)
                 elapsed = time.monotonic() - t0
                 failing = [c.name for c in result.checks if c.verdict != "passed"]
                 matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
                 say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: stop the zoo, not one cell
+        stop = interrupts.as_interrupt(exc)
+        if current is not None:
+            row, scenario, run_id, run_dir = current
+            result = stop.result or interrupted_result(scenario, run_id, run_dir, stop)
+            matrix.set(row, scenario.name, "interrupted", None, str(run_dir), failed_checks=[])
+        stop.results = [matrix]
+        raise stop
     finally:
-        pool.close()
-        signal.signal(signal.SIGTERM, old_handler)
+        try:
+            pool.close()
+        except KeyboardInterrupt:  # held until the stacks were down; the zoo stops anyway
+            pass
     return matrix
 
 
@@ -417,14 +425,28 @@ def zoo(
     wanted = {n for ns in plan.values() for n in ns}
     paths = [p for p, n in zip(paths, catalogue) if n in wanted]
     matrices: list[ZooMatrix] = []
-    for k in range(1, repeat + 1):
-        if repeat > 1:
-            typer.echo(f"zoo run {k} of {repeat}", err=True)
-        matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
-                         say=lambda m: typer.echo(m, err=True))
-        matrices.append(matrix)
-        if repeat > 1:
-            matrix.write(out / f"run-{k}")
+    from chaos import interrupts
+
+    with interrupts.handling():
+        try:
+            for k in range(1, repeat + 1):
+                if repeat > 1:
+                    typer.echo(f"zoo run {k} of {repeat}", err=True)
+                matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
+                                 say=lambda m: typer.echo(m, err=True))
+                matrices.append(matrix)
+                if repeat > 1:
+                    matrix.write(out / f"run-{k}")
+        except interrupts.RunInterrupted as exc:
+            with interrupts.deferred():
+                partial = exc.results[0] if exc.results else ZooMatrix(rows=list(plan), columns=catalogue)
+                md, _js = partial.write(out / (f"run-{len(matrices) + 1}" if repeat > 1 else ""))
+                note = (f"\nInterrupted by {exc.describe()}: the matrix is partial; the stacks are down "
+                        "and the cell under way has its report.\n")
+                md.write_text(partial.to_markdown() + note)
+                typer.echo(partial.to_markdown() + note)
+                typer.echo(f"matrix: {md}")
+            raise typer.Exit(exc.exit_code) from None
     code = max(m.exit_code() for m in matrices)
     md, js = matrix.write(out)
     extra = ""

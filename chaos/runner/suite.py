@@ -3,16 +3,24 @@
     validate every scenario and its stack (nothing starts if any is invalid: exit 2)
       └─> for each scenario: StackPool.acquire (start or reset) ─> run_scenario ─> report
             └─> suite.json + junit.xml + summary table; stacks down (unless --keep-stack)
+
+SIGINT/SIGTERM at any point of it (chaos/interrupts.py): the scenario under way gets its
+report (verdict ``interrupted``, also when the signal came while its stack started), the stacks
+go down (a second signal is held until they are), the suite report is written, and
+RunInterrupted leaves with the results.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.report.model import RunResult
+from chaos import interrupts
+from chaos.interrupts import RunInterrupted
+from chaos.report.model import InterruptInfo, RunResult
 from chaos.report.result import build_result
 from chaos.report.suite import write_suite
 from chaos.report.writer import write_report
@@ -76,11 +84,36 @@ def load_and_validate(paths: list[Path], stack: Path | None = None, *,
 def infra_error_result(scenario: Scenario, run_id: str, run_dir: Path, error: str) -> RunResult:
     """A result for a scenario that could not run (stack did not start): exit code 3, with a
     report written so nothing is lost."""
-    result = build_result(run_id=run_id, scenario=scenario.name, history=[], checks=[], seed=scenario.seed,
+    return _result_without_run(scenario, run_id, run_dir, error=error)
+
+
+def interrupted_result(scenario: Scenario, run_id: str, run_dir: Path, exc: RunInterrupted) -> RunResult:
+    """A result for a scenario a signal stopped before the runner wrote one (during stack
+    start-up, a reset, or the first instants of the run): verdict ``interrupted``, exit code
+    128 + the signal, with whatever history the run had written; the report is written."""
+    history: list[dict] = []
+    try:
+        text = (run_dir / "history.jsonl").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        try:
+            history.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line
+    info = InterruptInfo(signal=exc.signal_name, exit_code=exc.exit_code, stage=exc.stage)
+    return _result_without_run(scenario, run_id, run_dir, history=history, interrupted=info)
+
+
+def _result_without_run(scenario: Scenario, run_id: str, run_dir: Path, *, history: list | None = None,
+                        error: str | None = None, interrupted: InterruptInfo | None = None) -> RunResult:
+    history = history or []
+    result = build_result(run_id=run_id, scenario=scenario.name, history=history, checks=[], seed=scenario.seed,
                           description=scenario.description, scenario_path=str(scenario.source),
                           stack=str(scenario.stack), xfail=scenario.xfail, error=error,
-                          engine_bugs=scenario.engine.bugs)
-    write_report(run_dir, result, [])
+                          engine_bugs=scenario.engine.bugs, interrupted=interrupted)
+    with interrupts.deferred():
+        write_report(run_dir, result, history)
     return result
 
 
@@ -93,38 +126,69 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
         ``suite.json``/``junit.xml`` in ``report_dir/<suite_id>/``.
 
     Raises:
-        KeyboardInterrupt, RunInterrupted: after the current scenario healed its faults, wrote
-            its report, and the stacks were brought down.
+        RunInterrupted: SIGINT or SIGTERM at any point (stack start-up, a phase, checks, report,
+            teardown): after the current scenario healed its faults and wrote its report
+            (verdict ``interrupted``), the stacks were brought down and the suite report was
+            written; ``.results`` holds the results, ``.suite_dir`` the suite's folder.
     """
     suite_id = new_run_id(opts.run_id_prefix + "suite")
     suite_dir = opts.report_dir / suite_id
     pool = StackPool(opts.backend, suite_dir / "stacks", keep=opts.keep_stack)
     results: list[RunResult] = []
-    try:
-        for scenario in scenarios:
-            if opts.seed is not None:
-                scenario.seed = opts.seed
-            if opts.engine_bugs is not None:
-                scenario.engine.bugs = list(opts.engine_bugs)
-            run_id = new_run_id(opts.run_id_prefix + scenario.name)
-            run_dir = opts.report_dir / run_id
-            say(f"[{scenario.name}] preparing the stack")
-            t0 = time.monotonic()
+    stop: RunInterrupted | None = None
+    with interrupts.handling():
+        current: dict | None = None  # the scenario under way, until its result is in `results`
+        try:
+            for scenario in scenarios:
+                if opts.seed is not None:
+                    scenario.seed = opts.seed
+                if opts.engine_bugs is not None:
+                    scenario.engine.bugs = list(opts.engine_bugs)
+                run_id = new_run_id(opts.run_id_prefix + scenario.name)
+                run_dir = opts.report_dir / run_id
+                current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "result": None}
+                say(f"[{scenario.name}] preparing the stack")
+                t0 = time.monotonic()
+                try:
+                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+                except (StackError, ConfigError) as exc:
+                    results.append(infra_error_result(scenario, run_id, run_dir, f"stack: {exc}"))
+                    current = None
+                    continue
+                setup_s = time.monotonic() - t0
+                current["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
+                                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
+                result = current["result"]
+                with interrupts.deferred():
+                    pool.release(Path(scenario.stack), result)
+                    result.durations.stack_up_s = setup_s
+                    (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+                    results.append(result)
+                    current = None
+        except KeyboardInterrupt as exc:
+            stop = interrupts.as_interrupt(exc)
+            if current is not None:
+                result = current["result"] or stop.result or interrupted_result(
+                    current["scenario"], current["run_id"], current["run_dir"], stop)
+                if result not in results:
+                    results.append(result)
+        finally:
             try:
-                stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
-            except (StackError, ConfigError) as exc:
-                results.append(infra_error_result(scenario, run_id, run_dir, f"stack: {exc}"))
-                continue
-            setup_s = time.monotonic() - t0
-            result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
-                                  progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
-            pool.release(Path(scenario.stack), result)
-            result.durations.stack_up_s = setup_s
-            (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
-            results.append(result)
-    finally:
-        say("stopping stacks" if not opts.keep_stack else "leaving stacks up (--keep-stack)")
-        pool.close()
-        if results:
-            write_suite(suite_dir, suite_id, results)
+                with interrupts.stage("teardown"):
+                    say("stopping stacks" if not opts.keep_stack else "leaving stacks up (--keep-stack)")
+                    pool.close()
+            except KeyboardInterrupt as exc:
+                stop = stop or interrupts.as_interrupt(exc)
+            try:
+                with interrupts.deferred():
+                    info = None if stop is None else InterruptInfo(
+                        signal=stop.signal_name, exit_code=stop.exit_code, stage=stop.stage)
+                    if results or stop is not None:
+                        write_suite(suite_dir, suite_id, results, interrupted=info)
+            except KeyboardInterrupt as exc:
+                stop = stop or interrupts.as_interrupt(exc)
+    if stop is not None:
+        stop.suite_dir = suite_dir
+        stop.results = results
+        raise stop
     return results, suite_dir
