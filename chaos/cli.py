@@ -300,17 +300,24 @@ def report_cmd(run_dir: Path = typer.Argument(..., help="a run folder, reports/<
 
 
 @app.command("cleanup")
-def cleanup_cmd() -> None:
+def cleanup_cmd(force: list[str] = typer.Option(None, "--force", metavar="RUN_ID",
+                                                help="undo this run's journal even though its runner still "
+                                                     "runs (or it is a stack left up by `kvchaos stack up`); "
+                                                     "repeatable")) -> None:
     """Undo what killed runs left behind (toxics, paused or orphaned processes, mounts, ballast
-    files, compose projects), from the journals in the state directory."""
+    files, compose projects), from the journals in the state directory. Runs whose runner still
+    runs, and stacks left up by `kvchaos stack up`, are skipped and named; exit 1 when something
+    could not be undone."""
     from chaos.cleanup import cleanup
 
-    rep = cleanup()
+    rep = cleanup(force=force or ())
     for line in rep.undone:
         out.print(line, highlight=False)
+    for line in rep.skipped:
+        out.print(f"skipped {line}", highlight=False)
     for line in rep.errors:
         print(f"error: {line}", file=sys.stderr)
-    if not rep.undone and not rep.errors:
+    if not rep.undone and not rep.errors and not rep.skipped:
         out.print("nothing to clean up")
     raise typer.Exit(1 if rep.errors else 0)
 
