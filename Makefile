@@ -6,7 +6,7 @@ KVCHAOS := $(VENV)/bin/kvchaos
 # The default suite of `make demo`: no fault, a lookup stall, a node exit.
 SUITE ?= scenarios/smoke.yaml scenarios/lookup-timeout.yaml scenarios/node-exit-lmcache.yaml
 
-.PHONY: setup image demo test test-fast zoo bench clean
+.PHONY: setup image demo test test-fast zoo bench fuzz killpoints clean
 
 setup:
 	bash scripts/setup.sh
@@ -31,6 +31,16 @@ test-fast: setup
 ## The bug zoo: the catalogue against the clean engine and each planted bug (reports/zoo/).
 zoo: setup
 	$(KVCHAOS) zoo $(ZOO_ARGS)
+
+## Hostile input at acceptance size: 3,000 mutated scenarios + 500 mutated stack files through
+## `kvchaos validate`, each in its own process, each under 5 s and 200 MB (reports/fuzz/).
+fuzz: setup
+	$(PY) scripts/fuzz_validate.py $(FUZZ_ARGS)
+
+## Interrupted runs at acceptance size: SIGTERM, SIGINT and SIGKILL at 20 random points each of a
+## real run (stack start-up included), then the leftover count (reports/killpoints/).
+killpoints: setup
+	$(PY) scripts/kill_points.py $(KILLPOINTS_ARGS)
 
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py

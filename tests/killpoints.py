@@ -6,7 +6,8 @@ Shared by tests/runner/test_kill_points.py (a few points, in CI) and scripts/kil
 - processes: every process whose environment has ``KVCHAOS_RUN_DIR`` under the run's report
   folder (LocalStack gives each service that variable) or that the journal names;
 - mounts: every mount point under the report folder (the filesystem L2 tmpfs);
-- ports: the stack's ``*_PORT`` values (from the journal and the stacks' state) still listening;
+- ports: the ports the run's processes listened on when the signal was sent, and the stack's
+  ``*_PORT`` values (from the journal and the stacks' state), still listening;
 - journal entries: open entries in the run's private state folder;
 - toxics: toxics on any proxy still answering at the stack's ``TOXIPROXY_PORT``.
 """
@@ -77,6 +78,30 @@ def ports_of(state: Path, reports: Path) -> set[int]:
     return ports
 
 
+def run_processes(reports: Path) -> list[psutil.Process]:
+    """Processes of the run's services (``KVCHAOS_RUN_DIR`` under ``reports``)."""
+    out, root = [], str(reports.resolve())
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("KVCHAOS_RUN_DIR", "").startswith(root):
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def ports_listened(reports: Path) -> set[int]:
+    """TCP ports the run's service processes listen on right now."""
+    ports: set[int] = set()
+    for p in run_processes(reports):
+        try:
+            conns = p.net_connections(kind="inet") if hasattr(p, "net_connections") else p.connections(kind="inet")
+        except (psutil.Error, OSError):
+            continue
+        ports |= {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    return ports
+
+
 def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -141,7 +166,7 @@ def kill_point(scenario: Path, point: Point, workdir: Path, *, env: dict[str, st
             t0 = time.monotonic()
         while runner.poll() is None and time.monotonic() - t0 < point.delay_s:
             time.sleep(0.02)
-        ports = ports_of(state, reports)
+        ports = ports_of(state, reports) | ports_listened(reports)
         if runner.poll() is None:
             runner.send_signal(point.sig)
             sent = time.monotonic() - t0
