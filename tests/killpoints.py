@@ -33,8 +33,9 @@ from chaos.journal import all_journals, open_entries
 
 @dataclass
 class Point:
-    """One kill: ``sig`` sent ``delay_s`` after the runner started (or after ``after``, a line
-    of its output, was seen)."""
+    """One kill: ``sig`` sent ``delay_s`` after the runner started, or after ``after`` was
+    seen: a line of its output, ``"@process"`` (its journal holds a started process) or
+    ``"@fault"`` (its journal holds an applied fault)."""
 
     sig: signal.Signals
     delay_s: float
@@ -144,23 +145,29 @@ def leftovers(state: Path, reports: Path, ports: set[int], proxy_port: int | Non
 
 def kill_point(scenario: Path, point: Point, workdir: Path, *, env: dict[str, str] | None = None,
                timeout_s: float = 600.0, proxy_port_var: str = "TOXIPROXY_PORT",
-               cleanup_after_kill: bool = True) -> Outcome:
-    """Start ``kvchaos run scenario`` with a private state folder under ``workdir``, send the
-    point's signal, wait for the runner; after SIGKILL run ``kvchaos cleanup`` (the same state
-    folder; unless ``cleanup_after_kill`` is False); then count leftovers."""
+               cleanup_after_kill: bool = True, command: list[str] | None = None) -> Outcome:
+    """Start ``kvchaos run scenario`` (or ``command``, which gets ``{reports}`` filled in) with a
+    private state folder under ``workdir``, send the point's signal, wait for the runner; after
+    SIGKILL run ``kvchaos cleanup`` (the same state folder; unless ``cleanup_after_kill`` is
+    False); then count leftovers."""
     state, reports = workdir / "state", workdir / "reports"
     reports.mkdir(parents=True, exist_ok=True)
     e = dict(env or os.environ, KVCHAOS_STATE_DIR=str(state))
     log = open(workdir / "runner.log", "w+")
     t0 = time.monotonic()
-    runner = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir",
-                               str(reports)], env=e, stdout=log, stderr=subprocess.STDOUT)
+    argv = [a.replace("{reports}", str(reports)) for a in command] if command else \
+        [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(reports)]
+    runner = subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
     sent = None
     try:
         if point.after:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and runner.poll() is None:
-                if point.after in (workdir / "runner.log").read_text(errors="replace"):
+                if point.after in ("@process", "@fault"):
+                    if any(x.get("kind") == point.after[1:] for j in all_journals(state / "journal")
+                           for x in open_entries(j)):
+                        break
+                elif point.after in (workdir / "runner.log").read_text(errors="replace"):
                     break
                 time.sleep(0.05)
             t0 = time.monotonic()
@@ -185,7 +192,7 @@ def kill_point(scenario: Path, point: Point, workdir: Path, *, env: dict[str, st
             proxy_port = int(json.loads(st.read_text())["env"].get(proxy_port_var) or 0) or None
         except (OSError, ValueError, KeyError):
             pass
-    runs = [d for d in reports.iterdir() if d.is_dir() and (d / "result.json").exists()
+    runs = [d for d in reports.rglob("*") if d.is_dir() and (d / "result.json").exists()
             and not d.name.startswith("suite-")]
     if runs:
         result = json.loads((runs[0] / "result.json").read_text())

@@ -6,6 +6,7 @@ per signal at random times: scripts/kill_points.py, `make killpoints`.)"""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,15 +19,14 @@ from kvchaos_support import needs_redis, needs_root
 
 DATA = Path(__file__).parent / "data"
 pytestmark = [pytest.mark.slow, needs_redis, needs_root]
-STARTED = "preparing the stack"  # the runner's first line once the suite starts
 
 POINTS = [
-    Point(signal.SIGTERM, 1.0, STARTED),   # stack start-up (the slow service is not healthy yet)
-    Point(signal.SIGINT, 2.0, STARTED),    # stack start-up
-    Point(signal.SIGTERM, 6.0, STARTED),   # mid-phase, the toxic in place
-    Point(signal.SIGINT, 6.0, STARTED),    # mid-phase
-    Point(signal.SIGKILL, 2.0, STARTED),   # stack start-up: processes and the mount orphaned
-    Point(signal.SIGKILL, 6.0, STARTED),   # mid-phase: the toxic too
+    Point(signal.SIGTERM, 1.0, "@process"),  # stack start-up (the slow service is not healthy yet)
+    Point(signal.SIGINT, 2.0, "@process"),   # stack start-up
+    Point(signal.SIGTERM, 1.0, "@fault"),    # mid-phase, the toxic in place
+    Point(signal.SIGINT, 1.0, "@fault"),     # mid-phase
+    Point(signal.SIGKILL, 2.0, "@process"),  # stack start-up: processes and the mount orphaned
+    Point(signal.SIGKILL, 1.0, "@fault"),    # mid-phase: the toxic too
 ]
 
 
@@ -40,8 +40,7 @@ def test_kill_point_leaves_nothing(tmp_path, point):
     else:
         assert out.returncode == 128 + point.sig, out.output
         assert out.report and out.verdict == "interrupted", out.output
-        expected = "stack start-up" if point.delay_s < 3 else "phase hold"
-        assert out.stage == expected
+        assert out.stage == ("stack start-up" if point.after == "@process" else "phase hold")
     assert out.clean(), (out.leftovers, out.output)
 
 
@@ -50,7 +49,7 @@ def test_the_leftover_count_sees_what_a_killed_run_leaves(tmp_path):
     blind (and `kvchaos cleanup` then removes all of it)."""
     from killpoints import leftovers, ports_of
 
-    out = kill_point(DATA / "killpoint.yaml", Point(signal.SIGKILL, 6.0, STARTED), tmp_path, timeout_s=120,
+    out = kill_point(DATA / "killpoint.yaml", Point(signal.SIGKILL, 1.0, "@fault"), tmp_path, timeout_s=120,
                      cleanup_after_kill=False)
     left = out.leftovers
     assert len(left["processes"]) == 4 and len(left["mounts"]) == 1 and left["toxics"] == ["cache-link:slow-link"]
@@ -62,3 +61,40 @@ def test_the_leftover_count_sees_what_a_killed_run_leaves(tmp_path):
     state, reports = tmp_path / "state", tmp_path / "reports"
     after = leftovers(state, reports, set(left["ports"]) | ports_of(state, reports), None)
     assert not any(after.values()), after
+
+
+def _catalogue(tmp_path: Path) -> Path:
+    cat = tmp_path / "catalogue"
+    cat.mkdir()
+    for name in ("killpoint.yaml", "killpoint-stack.yml"):
+        shutil.copy(DATA / name, cat / name)
+    return cat
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_zoo_interrupted_during_stack_start_up(tmp_path, sig):
+    from chaos.engine.bugs import BUGS
+
+    cat = _catalogue(tmp_path)
+    zoo = [sys.executable, "-m", "chaos.zoo", "--catalogue", str(cat), "--scenarios", "killpoint",
+           "--bug", sorted(BUGS)[0], "--out", str(tmp_path / "zoo"), "--report-dir", "{reports}"]
+    out = kill_point(cat / "killpoint.yaml", Point(sig, 1.0, "@process"), tmp_path / "w", timeout_s=120,
+                     command=zoo)
+    assert out.returncode == 128 + sig, out.output
+    assert out.report and out.verdict == "interrupted" and out.stage == "stack start-up", out.output
+    assert f"Interrupted by {sig.name} during stack start-up" in (tmp_path / "zoo" / "matrix.md").read_text()
+    assert out.clean(), (out.leftovers, out.output)
+
+
+@pytest.mark.parametrize("sig, after", [(signal.SIGTERM, "@process"), (signal.SIGINT, "@fault")])
+def test_pytest_plugin_interrupted(tmp_path, sig, after):
+    cat = _catalogue(tmp_path)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "chaos", "--kvchaos-scenarios",
+           str(cat), "--kvchaos-report-dir", "{reports}", str(cat)]
+    out = kill_point(cat / "killpoint.yaml", Point(sig, 1.0, after), tmp_path / "w", timeout_s=120, command=cmd)
+    assert out.returncode == 128 + sig, out.output
+    assert out.report and out.verdict == "interrupted", out.output
+    assert out.stage == ("stack start-up" if after == "@process" else "phase hold")
+    assert out.clean(), (out.leftovers, out.output)
