@@ -113,8 +113,9 @@ def _say(text: str) -> None:
 @contextmanager
 def handling() -> Iterator[None]:
     """Inside the block (main thread), the first SIGINT or SIGTERM raises RunInterrupted; later
-    ones are recorded only. Nested blocks share the outermost's state; outside the main thread
-    this does nothing."""
+    ones are recorded only. A signal ignored (SIG_IGN) when the outermost block starts stays
+    ignored. Nested blocks share the outermost's state; outside the main thread this does
+    nothing."""
     if not _main():
         yield
         return
@@ -122,7 +123,10 @@ def handling() -> Iterator[None]:
     if st.installed == 0:
         st.received.clear()
         st.raised = False
-        st.old = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
+        # A signal the parent set to be ignored stays ignored (a job started with `&` by a
+        # non-interactive shell ignores SIGINT; Python itself keeps that too).
+        st.old = {sig: signal.signal(sig, _handler) for sig in SIGNALS
+                  if signal.getsignal(sig) is not signal.SIG_IGN}
     st.installed += 1
     try:
         yield

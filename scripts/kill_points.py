@@ -66,10 +66,23 @@ def main() -> int:
     points += [Point(sig, round(rng.uniform(0.05, 1.0), 2)) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)
                for _ in range(args.pre)]
     rng.shuffle(points)
-    rows = []
-    for i, point in enumerate(points):
+    rows, void = [], []
+    queue = list(points)
+    i = 0
+    while queue:
+        point = queue.pop(0)
         out = kill_point(args.scenario, point, root / f"point-{i:03d}", timeout_s=1800)
+        i += 1
         pre = point.after is None
+        if out.sent_at_s is None and out.returncode != 0 and len(void) < 10:
+            # The run ended before the signal for a reason of its own (on a shared host: a port
+            # another stack took between check and bind, exit 3): not a kill point; draw again.
+            void.append({"signal": point.sig.name, "at_s": point.delay_s, "exit": out.returncode,
+                         "error": (out.output or "")[-400:]})
+            queue.append(Point(point.sig, round(rng.uniform(0, total if not pre else 1.0), 2), point.after))
+            print(f"[void] {point.sig.name} at {point.delay_s:.2f}s: the run ended (exit {out.returncode}) "
+                  "before the signal; drawn again", file=sys.stderr, flush=True)
+            continue
         want_rc = {-signal.SIGKILL} if point.sig == signal.SIGKILL else {128 + point.sig}
         if pre:  # before kvchaos's handler exists the signal's default action ends it (the shell: 128+N)
             want_rc.add(-point.sig)
@@ -81,9 +94,10 @@ def main() -> int:
                      "sent": out.sent_at_s is not None, "exit": out.returncode, "report": out.report,
                      "verdict": out.verdict, "stage": out.stage, "cleanup_exit": out.cleanup_rc,
                      "leftovers": {k: len(v) for k, v in out.leftovers.items()},
-                     "leftover_detail": {k: v for k, v in out.leftovers.items() if v}, "ok": ok,
+                     "leftover_detail": {k: v for k, v in out.leftovers.items() if v},
+                     "ports_taken_by_others": out.ports_taken, "ok": ok,
                      "output": None if ok else out.output[-3000:]})
-        print(f"[{i + 1}/{len(points)}] {point.sig.name} at {point.delay_s:.2f}s{' (pre-suite)' if pre else ''}: "
+        print(f"[{len(rows)}/{len(points)}] {point.sig.name} at {point.delay_s:.2f}s{' (pre-suite)' if pre else ''}: "
               f"exit {out.returncode}, report {out.report} ({out.verdict}, {out.stage}), "
               f"leftovers {sum(len(v) for v in out.leftovers.values())}{'' if ok else '  <-- FAILED'}",
               file=sys.stderr, flush=True)
@@ -100,13 +114,14 @@ def main() -> int:
             c[f"stage: {r['stage']}"] += 1
     summary = {"scenario": str(args.scenario), "span_s": round(total, 1), "seed": args.seed,
                "wall_s": round(time.monotonic() - t0, 1), "by_signal": {k: dict(v) for k, v in by_sig.items()},
-               "points": rows}
+               "void": void, "points": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2) + "\n")
     for k, v in summary["by_signal"].items():
         print(f"{k}: " + ", ".join(f"{a}={b}" for a, b in sorted(v.items())))
     failed = [r for r in rows if not r["ok"]]
-    print(f"{len(rows) - len(failed)}/{len(rows)} points held; wall {summary['wall_s']} s; {args.json}")
+    print(f"{len(rows) - len(failed)}/{len(rows)} points held ({len(void)} void: the run ended before the "
+          f"signal, drawn again); wall {summary['wall_s']} s; {args.json}")
     if not failed:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     return 1 if failed else 0

@@ -7,7 +7,9 @@ Shared by tests/runner/test_kill_points.py (a few points, in CI) and scripts/kil
   folder (LocalStack gives each service that variable) or that the journal names;
 - mounts: every mount point under the report folder (the filesystem L2 tmpfs);
 - ports: the ports the run's processes listened on when the signal was sent, and the stack's
-  ``*_PORT`` values (from the journal and the stacks' state), still listening;
+  ``*_PORT`` values (from the journal and the stacks' state), still listening, by one of the
+  run's processes or one that cannot be identified (a port another process took since is not
+  the run's: the host is shared);
 - journal entries: open entries in the run's private state folder;
 - toxics: toxics on any proxy still answering at the stack's ``TOXIPROXY_PORT``.
 """
@@ -53,6 +55,7 @@ class Outcome:
     leftovers: dict[str, list] = field(default_factory=dict)
     cleanup_rc: int | None = None
     output: str = ""
+    ports_taken: list[str] = field(default_factory=list)  # freed by the run, then bound by others
 
     def clean(self) -> bool:
         return not any(self.leftovers.values())
@@ -109,6 +112,40 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def listeners(port: int) -> list[int | None]:
+    """Pids listening on ``port`` (None: a socket whose process could not be seen)."""
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return [None] if listening(port) else []
+    return [c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+def held_ports(ports: set[int], reports: Path, pids: set[int] = frozenset()) -> tuple[list[int], list[str]]:
+    """(ports still held by the run: a listener of the run's own or one not identified, ports
+    another process took since: "port (pid name)"). On a shared host a port the run freed may be
+    picked at once by someone else's stack; that is not the run's leftover. ``pids``: the run's
+    processes the journal names (redis-server rewrites its environment block for its process
+    title, so the environment alone does not find it)."""
+    ours = {p.pid for p in run_processes(reports)} | set(pids)
+    held, taken = [], []
+    for port in sorted(ports):
+        pids = listeners(port)
+        if not pids:
+            continue
+        if any(pid is None or pid in ours for pid in pids):
+            held.append(port)
+        else:
+            names = []
+            for pid in pids:
+                try:
+                    names.append(f"{pid} {psutil.Process(pid).name()}")
+                except psutil.Error:
+                    names.append(str(pid))
+            taken.append(f"{port} ({', '.join(names)})")
+    return held, taken
+
+
 def processes_under(reports: Path, journal_pids: set[int]) -> list[str]:
     out = []
     root = str(reports.resolve())
@@ -138,8 +175,8 @@ def leftovers(state: Path, reports: Path, ports: set[int], proxy_port: int | Non
             toxics = [f"{n}:{t['name']}" for n, p in proxies.items() for t in p.get("toxics", [])]
         except (httpx.HTTPError, ValueError, AttributeError):
             pass
-    return {"processes": processes_under(reports, pids), "mounts": mounts,
-            "ports": sorted(p for p in ports if listening(p)),
+    held, _taken = held_ports(ports, reports, pids)
+    return {"processes": processes_under(reports, pids), "mounts": mounts, "ports": held,
             "journal": [f"{e['kind']} {e.get('key')}" for e in entries], "toxics": toxics}
 
 
@@ -157,7 +194,10 @@ def kill_point(scenario: Path, point: Point, workdir: Path, *, env: dict[str, st
     t0 = time.monotonic()
     argv = [a.replace("{reports}", str(reports)) for a in command] if command else \
         [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(reports)]
-    runner = subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    # As from a terminal: SIGINT at its default even when this harness runs in the background
+    # (a non-interactive shell starts `&` jobs with SIGINT ignored, and children inherit that).
+    runner = subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     sent = None
     try:
         if point.after:
@@ -205,6 +245,9 @@ def kill_point(scenario: Path, point: Point, workdir: Path, *, env: dict[str, st
         out.output += "\n--- cleanup ---\n" + r.stdout + r.stderr
     time.sleep(0.2)  # a process group ended a moment ago may still be reaped
     out.leftovers = leftovers(state, reports, ports, proxy_port)
+    journal_pids = {int(x["pid"]) for j in all_journals(state / "journal") for x in open_entries(j)
+                    if x.get("kind") in ("process", "paused") and "pid" in x}
+    out.ports_taken = held_ports(ports, reports, journal_pids)[1]
     return out
 
 

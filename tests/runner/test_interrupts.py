@@ -96,3 +96,17 @@ def test_an_interrupted_result_is_rendered_everywhere(tmp_path):
     console = Console(width=200, record=True)
     console.print(suite_table(suite))
     assert "interrupted by SIGTERM during phase stall" in console.export_text()
+
+
+def test_a_signal_the_parent_ignores_stays_ignored():
+    """A job a non-interactive shell starts with `&` has SIGINT ignored; kvchaos keeps it so."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts.handling():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)

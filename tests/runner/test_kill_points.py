@@ -30,7 +30,7 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize("point", POINTS, ids=lambda p: f"{p.sig.name}-{p.delay_s}s")
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: f"{p.sig.name}-{p.after[1:]}")
 def test_kill_point_leaves_nothing(tmp_path, point):
     out = kill_point(DATA / "killpoint.yaml", point, tmp_path, timeout_s=120)
     assert out.sent_at_s is not None, "the run ended before the signal: " + out.output
@@ -51,13 +51,17 @@ def test_the_leftover_count_sees_what_a_killed_run_leaves(tmp_path):
 
     out = kill_point(DATA / "killpoint.yaml", Point(signal.SIGKILL, 1.0, "@fault"), tmp_path, timeout_s=120,
                      cleanup_after_kill=False)
-    left = out.leftovers
-    assert len(left["processes"]) == 4 and len(left["mounts"]) == 1 and left["toxics"] == ["cache-link:slow-link"]
-    assert len(left["ports"]) >= 4 and left["journal"], left
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
-    r = subprocess.run([sys.executable, "-m", "chaos.cli", "cleanup"], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and "healed fault slow-link (latency)" in r.stdout, r.stdout + r.stderr
+    cleaned = None
+    try:
+        left = out.leftovers
+        assert len(left["processes"]) == 4 and len(left["mounts"]) == 1, left
+        assert left["toxics"] == ["cache-link:slow-link"] and len(left["ports"]) == 4 and left["journal"], left
+    finally:  # whatever the assertions say, leave nothing behind
+        cleaned = subprocess.run([sys.executable, "-m", "chaos.cli", "cleanup"], env=env, capture_output=True,
+                                 text=True, timeout=120)
+    assert cleaned.returncode == 0 and "healed fault slow-link (latency)" in cleaned.stdout, \
+        cleaned.stdout + cleaned.stderr
     state, reports = tmp_path / "state", tmp_path / "reports"
     after = leftovers(state, reports, set(left["ports"]) | ports_of(state, reports), None)
     assert not any(after.values()), after
