@@ -74,11 +74,14 @@ def main() -> int:
         out = kill_point(args.scenario, point, root / f"point-{i:03d}", timeout_s=1800)
         i += 1
         pre = point.after is None
-        if out.sent_at_s is None and out.returncode != 0 and len(void) < 10:
-            # The run ended before the signal for a reason of its own (on a shared host: a port
-            # another stack took between check and bind, exit 3): not a kill point; draw again.
+        if out.sent_at_s is None and len(void) < len(points):
+            # The run ended before the signal: done already (the host got faster than when the
+            # span was measured), or for a reason of its own (on a shared host: a port another
+            # stack took between check and bind, exit 3). Not a kill point; draw again.
             void.append({"signal": point.sig.name, "at_s": point.delay_s, "exit": out.returncode,
                          "error": (out.output or "")[-400:]})
+            if out.returncode == 0 and not pre:
+                total = max(5.0, min(total, 0.9 * point.delay_s))  # runs are shorter now
             queue.append(Point(point.sig, round(rng.uniform(0, total if not pre else 1.0), 2), point.after))
             print(f"[void] {point.sig.name} at {point.delay_s:.2f}s: the run ended (exit {out.returncode}) "
                   "before the signal; drawn again", file=sys.stderr, flush=True)
