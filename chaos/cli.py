@@ -221,14 +221,17 @@ def run_cmd(
     from chaos import interrupts
 
     # From the first moment: a signal during validation or stack start-up is handled too.
-    with interrupts.handling():
-        try:
-            _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack)
-        except interrupts.RunInterrupted as exc:
-            # Already reported by _run when the suite had started; the exit code says which.
-            if exc.suite_dir is None:
-                console.print(f"[red]interrupted[/red] ({exc.describe()})", highlight=False)
-            raise typer.Exit(exc.exit_code) from None
+    try:
+        with interrupts.handling():
+            try:
+                _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack)
+            except interrupts.RunInterrupted as exc:
+                # Already reported by _run when the suite had started; the exit code says which.
+                if exc.suite_dir is None:
+                    console.print(f"[red]interrupted[/red] ({exc.describe()})", highlight=False)
+                raise typer.Exit(exc.exit_code) from None
+    finally:
+        interrupts.exit_on_signal()  # the run is over: a signal now only sets the exit code
 
 
 def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool, report_dir: Path,

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["RunInterrupted", "handling", "deferred", "stage", "set_stage", "current_stage", "pending",
-           "as_interrupt", "startup_interrupted", "SIGNALS", "STARTUP_STAGES"]
+           "as_interrupt", "startup_interrupted", "exit_on_signal", "SIGNALS", "STARTUP_STAGES"]
 
 #: The signals a run turns into RunInterrupted.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -160,6 +160,21 @@ def deferred() -> Iterator[None]:
             if not st.held and not st.raised and len(st.received) > before:
                 st.raised = True
                 raise RunInterrupted(st.received[before], st.stage)
+
+
+def _exit_now(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_signal() -> None:
+    """From now on (main thread), SIGINT or SIGTERM ends the process with 128 + the signal at
+    once: for a command whose run is over (report written, stacks down) and that only has to
+    exit, so a signal in its last instants still gives 130 / 143. Ignored signals stay ignored."""
+    if not _main():
+        return
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _exit_now)
 
 
 def set_stage(name: str | None) -> str | None:

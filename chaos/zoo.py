@@ -424,9 +424,19 @@ def zoo(
         raise typer.Exit(2)
     wanted = {n for ns in plan.values() for n in ns}
     paths = [p for p, n in zip(paths, catalogue) if n in wanted]
-    matrices: list[ZooMatrix] = []
     from chaos import interrupts
 
+    try:
+        _zoo_runs(paths, plan, catalogue, report_dir, backend, timeout, repeat, out)
+    finally:
+        interrupts.exit_on_signal()  # the zoo is over: a signal now only sets the exit code
+
+
+def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str], report_dir: Path,
+              backend: str, timeout: float, repeat: int, out: Path) -> None:
+    from chaos import interrupts
+
+    matrices: list[ZooMatrix] = []
     with interrupts.handling():
         try:
             for k in range(1, repeat + 1):
@@ -447,6 +457,18 @@ def zoo(
                 typer.echo(partial.to_markdown() + note)
                 typer.echo(f"matrix: {md}")
             raise typer.Exit(exc.exit_code) from None
+        try:
+            with interrupts.deferred():  # the matrix is written in full
+                code = _write_matrices(matrices, repeat, out)
+        except interrupts.RunInterrupted as exc:  # came while it was written: the zoo had finished
+            raise typer.Exit(exc.exit_code) from None
+    raise typer.Exit(code)
+
+
+def _write_matrices(matrices: list[ZooMatrix], repeat: int, out: Path) -> int:
+    """Write OUT/matrix.md and .json (with the comparison of repeated runs); returns the exit
+    code."""
+    matrix = matrices[-1]
     code = max(m.exit_code() for m in matrices)
     md, js = matrix.write(out)
     extra = ""
@@ -468,7 +490,7 @@ def zoo(
         js.write_text(json.dumps(data, indent=2) + "\n")
     typer.echo(matrix.to_markdown() + extra)
     typer.echo(f"matrix: {md} {js}")
-    raise typer.Exit(code)
+    return code
 
 
 if __name__ == "__main__":  # python -m chaos.zoo

@@ -110,3 +110,18 @@ def test_a_signal_the_parent_ignores_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def test_after_the_run_a_signal_only_sets_the_exit_code():
+    """The input that showed it: SIGINT in the last instants of `kvchaos run` (report written,
+    stacks down, handlers restored) ended the interpreter by the signal's default action."""
+    old = {s: signal.getsignal(s) for s in interrupts.SIGNALS}
+    try:
+        interrupts.exit_on_signal()
+        with pytest.raises(SystemExit) as ei:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        assert ei.value.code == 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
