@@ -15,7 +15,7 @@ export KVCHAOS_TOXIPROXY_BIN
 NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos
 
-.PHONY: setup image demo test test-fast test-real-proxy test-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load clean
+.PHONY: setup image demo test test-fast test-real-proxy test-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz killpoints clean
 
 setup:
 	bash scripts/setup.sh
@@ -88,6 +88,15 @@ zoo-tolerant: setup
 	$(KVCHAOS) run scenarios/ --numerics batch-dependent --report-dir reports/zoo-tolerant/exact-mode; \
 	  rc=$$?; if [ $$rc -ne 1 ]; then echo "exact mode on batch-dependent numerics exited $$rc, expected 1 (a check failed)"; exit 1; fi; \
 	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
+## Hostile input at acceptance size: 3,000 mutated scenarios + 500 mutated stack files through
+## `kvchaos validate`, each in its own process, each under 5 s and 200 MB (reports/fuzz/).
+fuzz: setup
+	$(PY) scripts/fuzz_validate.py $(FUZZ_ARGS)
+
+## Interrupted runs at acceptance size: SIGTERM, SIGINT and SIGKILL at 20 random points each of a
+## real run (stack start-up included), then the leftover count (reports/killpoints/).
+killpoints: setup
+	$(PY) scripts/kill_points.py $(KILLPOINTS_ARGS)
 
 bench: setup
 	$(PY) benchmarks/proxy_throughput.py

@@ -143,12 +143,20 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
     except StackError as exc:
         console.print(f"[red]no {backend} backend:[/red] {exc}", highlight=False)
         raise typer.Exit(EXIT_INFRA)
+    from chaos import interrupts
+
     try:
-        with console.status(f"starting {file} ..."):
+        with interrupts.handling(), console.status(f"starting {file} ..."):
+            interrupts.set_stage("stack start-up")
             if service:
                 stack.up(service)
             else:
                 stack.up()
+    except interrupts.RunInterrupted as exc:  # up() brought down what it had started
+        with interrupts.deferred():
+            stack.down()
+        console.print(f"[red]interrupted[/red] ({exc.describe()}): the stack is down", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
     except StackError as exc:
         console.print(f"[red]stack did not start:[/red] {exc}", highlight=False)
         stack.down()  # a compose project half up, or processes that did start
@@ -242,8 +250,26 @@ def run_cmd(
     Exit codes: 0 all checks passed, 1 a check failed, 2 a scenario or stack file is invalid,
     3 infrastructure error (a stack did not start), 4 inconclusive (a fault never bit).
     """
-    from chaos.report.suite import print_suite, suite_exit_code, build_suite
-    from chaos.runner.run import RunInterrupted
+    from chaos import interrupts
+
+    # From the first moment: a signal during validation or stack start-up is handled too.
+    try:
+        with interrupts.handling():
+            try:
+                _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack)
+            except interrupts.RunInterrupted as exc:
+                # Already reported by _run when the suite had started; the exit code says which.
+                if exc.suite_dir is None:
+                    console.print(f"[red]interrupted[/red] ({exc.describe()})", highlight=False)
+                raise typer.Exit(exc.exit_code) from None
+    finally:
+        interrupts.exit_on_signal()  # the run is over: a signal now only sets the exit code
+
+
+def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool, report_dir: Path,
+         bug: list[str] | None, timeout: float, stack: Path | None) -> None:
+    from chaos import interrupts
+    from chaos.report.suite import build_suite, print_suite, suite_exit_code
     from chaos.runner.suite import SuiteOptions, load_and_validate, run_suite
     from chaos.scenario.loader import discover_scenarios
 
@@ -258,18 +284,25 @@ def run_cmd(
     import os
 
     os.environ.update(KVCHAOS_DIAGNOSE=str(diagnose), KVCHAOS_DIAGNOSE_BUDGET_S=str(diagnose_budget))  # chaos/diagnose/hook.py
+    warnings: list[str] = []
     try:
         paths = [p for root in scenarios for p in discover_scenarios(root)]
         if not paths:
             print(f"error: no scenario files in {', '.join(map(str, scenarios))}", file=sys.stderr)
             raise typer.Exit(EXIT_INVALID)
         loaded = load_and_validate(paths, stack, bugs=list(bug) if bug else None, numerics=numerics,
-                                   equivalence=equivalence)
+                                   equivalence=equivalence, warnings=warnings,
+                                   require_commands=backend == "local")
     except ConfigError as exc:
+        for line in warnings:
+            print(f"warning: {line}", file=sys.stderr)
         fail_config(exc)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,
                         engine_bugs=list(bug) if bug else None, timeout_s=timeout,
                         engine_numerics=numerics, equivalence_mode=equivalence)
+    stopped: interrupts.RunInterrupted | None = None
     try:
         with console.status("starting") as status:
             def say(msg: str) -> None:
@@ -277,19 +310,30 @@ def run_cmd(
                 console.log(msg, highlight=False)
 
             results, suite_dir = run_suite(loaded, opts, say)
-    except (KeyboardInterrupt, RunInterrupted) as exc:
-        console.print(f"[red]interrupted[/red] ({exc or 'SIGINT'}): faults healed, stacks stopped")
-        raise typer.Exit(130)
-    suite = build_suite(suite_dir.name, results, report_dir)
-    print_suite(suite, Console(width=160))
-    for r in results:
-        bad = [c for c in r.checks if c.verdict != "passed"]
-        for c in bad:
-            out.print(f"{r.scenario}: {c.name} {c.verdict}: {c.summary}", highlight=False)
-        if r.error:
-            out.print(f"{r.scenario}: error: {r.error.splitlines()[0]}", highlight=False)
-        out.print(f"report: {report_dir / r.run_id / 'report.html'}", highlight=False)
-    out.print(f"suite: {suite_dir}", highlight=False)
+    except interrupts.RunInterrupted as exc:
+        stopped = exc
+        results, suite_dir = exc.results, exc.suite_dir
+        console.print(f"[red]interrupted[/red] ({exc.describe()}): faults healed, stacks "
+                      f"{'left up (--keep-stack)' if keep_stack else 'stopped'}, reports written", highlight=False)
+    from chaos.report.model import InterruptInfo
+
+    info = None if stopped is None else InterruptInfo(signal=stopped.signal_name, exit_code=stopped.exit_code,
+                                                      stage=stopped.stage)
+    with interrupts.deferred():
+        suite = build_suite(suite_dir.name, results, report_dir, info)
+        print_suite(suite, Console(width=160))
+        for r in results:
+            bad = [c for c in r.checks if c.verdict != "passed"]
+            for c in bad:
+                out.print(f"{r.scenario}: {c.name} {c.verdict}: {c.summary}", highlight=False)
+            if r.interrupted:
+                out.print(f"{r.scenario}: interrupted by {r.interrupted.describe()}", highlight=False)
+            if r.error:
+                out.print(f"{r.scenario}: error: {r.error.splitlines()[0]}", highlight=False)
+            out.print(f"report: {report_dir / r.run_id / 'report.html'}", highlight=False)
+        out.print(f"suite: {suite_dir}", highlight=False)
+    if stopped is not None:
+        raise typer.Exit(stopped.exit_code)
     raise typer.Exit(suite_exit_code(results))
 
 
@@ -302,17 +346,24 @@ def report_cmd(run_dir: Path = typer.Argument(..., help="a run folder, reports/<
 
 
 @app.command("cleanup")
-def cleanup_cmd() -> None:
+def cleanup_cmd(force: list[str] = typer.Option(None, "--force", metavar="RUN_ID",
+                                                help="undo this run's journal even though its runner still "
+                                                     "runs (or it is a stack left up by `kvchaos stack up`); "
+                                                     "repeatable")) -> None:
     """Undo what killed runs left behind (toxics, paused or orphaned processes, mounts, ballast
-    files, compose projects), from the journals in the state directory."""
+    files, compose projects), from the journals in the state directory. Runs whose runner still
+    runs, and stacks left up by `kvchaos stack up`, are skipped and named; exit 1 when something
+    could not be undone."""
     from chaos.cleanup import cleanup
 
-    rep = cleanup()
+    rep = cleanup(force=force or ())
     for line in rep.undone:
         out.print(line, highlight=False)
+    for line in rep.skipped:
+        out.print(f"skipped {line}", highlight=False)
     for line in rep.errors:
         print(f"error: {line}", file=sys.stderr)
-    if not rep.undone and not rep.errors:
+    if not rep.undone and not rep.errors and not rep.skipped:
         out.print("nothing to clean up")
     raise typer.Exit(1 if rep.errors else 0)
 

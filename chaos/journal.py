@@ -13,17 +13,29 @@ what cleanup undoes. Kinds used across kvchaos:
 - ``mount``: ``path``
 - ``file``: ``path`` (ballast files)
 - ``compose_project``: ``project``
+
+Each process that writes to a journal first appends ``{"op": "owner", "pid", "create_time",
+"host", "argv"}``: the runner that owns the entries after it. ``kvchaos cleanup`` undoes only
+journals none of whose owners still runs (:func:`live_owner`), so it never tears down a live
+run; a live one is skipped and named, and ``--force RUN_ID`` undoes it anyway.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
+
+#: Seconds two process start times may differ and still be the same process (psutil rounds).
+START_TIME_TOLERANCE_S = 1.0
 
 
 def state_dir() -> Path:
@@ -50,11 +62,15 @@ class Journal:
         # (kind, key) this instance already recorded as undone and not added since: a repeated
         # remove (status polls of a dead service) writes and fsyncs nothing.
         self._removed: set[tuple[str, str]] = set()
+        self._owner_pid: int | None = None  # the process whose owner line this instance wrote
 
     def _write(self, entry: dict[str, Any]) -> None:
         entry = {"time": time.time(), **entry}
         line = json.dumps(entry, sort_keys=True) + "\n"
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            if self._owner_pid != os.getpid():  # first write of this process: say who owns it
+                f.write(json.dumps({"time": time.time(), **owner_record()}, sort_keys=True) + "\n")
+                self._owner_pid = os.getpid()
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -81,21 +97,77 @@ class Journal:
             self.path.unlink()
 
 
+_OWN: dict[str, Any] = {}
+
+
+def owner_record() -> dict[str, Any]:
+    """This process as a journal owner: ``{"op": "owner", "pid", "create_time" (s since epoch,
+    psutil), "host", "argv" (the first words of the command line)}``."""
+    if _OWN.get("pid") != os.getpid():
+        try:
+            created = psutil.Process().create_time()
+        except psutil.Error:
+            created = 0.0
+        _OWN.clear()
+        _OWN.update({"op": "owner", "pid": os.getpid(), "create_time": created, "host": socket.gethostname(),
+                     "argv": " ".join(sys.argv[:4])[:200]})
+    return dict(_OWN)
+
+
+def owners(path: Path) -> list[dict[str, Any]]:
+    """Every owner line of a journal file, oldest first (a journal without one was written by
+    an older kvchaos: its owner is unknown)."""
+    out = []
+    for e in _lines(path):
+        if e.get("op") == "owner":
+            out.append(e)
+    return out
+
+
+def owner_alive(owner: dict[str, Any]) -> bool:
+    """Whether the process an owner line names still runs: same host, same pid, same start
+    time (a pid reused by another process is not the owner). A line from another host counts
+    as alive: it cannot be checked from here."""
+    if owner.get("host") and owner.get("host") != socket.gethostname():
+        return True
+    try:
+        p = psutil.Process(int(owner["pid"]))
+        if abs(p.create_time() - float(owner.get("create_time") or 0)) > START_TIME_TOLERANCE_S:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
+        return False
+
+
+def live_owner(path: Path) -> dict[str, Any] | None:
+    """The newest owner of the journal that still runs, or None when every owner is gone."""
+    for owner in reversed(owners(path)):
+        if owner_alive(owner):
+            return owner
+    return None
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    for line in text.splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line
+        if isinstance(e, dict):
+            yield e
+
+
 def open_entries(path: Path) -> list[dict[str, Any]]:
     """Entries of one journal file that were added and not removed, oldest first.
 
     A torn last line (the writer died mid-write) is ignored.
     """
     live: dict[tuple[str, str], dict[str, Any]] = {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    for line in text.splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for e in _lines(path):
         k = (e.get("kind", ""), e.get("key", ""))
         if e.get("op") == "add":
             live[k] = e

@@ -12,6 +12,9 @@ Follows pytest's documented pattern for non-Python tests ("Working with non-pyth
 - One stack per stack file per session, reset between scenarios, down at session end.
 - A failed check shows as its one-line explanation (request id, first differing token,
   expected vs actual), with the report path; no traceback.
+- SIGINT and SIGTERM while scenarios run (chaos/interrupts.py), stack start-up included: the
+  scenario under way heals, writes its report (verdict ``interrupted``), the session stops, the
+  stacks go down (a second signal is held until they are), and pytest exits 130 / 143.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from chaos.yamlsource import ConfigError
 
 _POOL_KEY = pytest.StashKey["object"]()
 _TIMES_KEY = pytest.StashKey[list]()
+_STOP_KEY = pytest.StashKey["object"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,6 +92,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session: pytest.Session):
+    """While scenario items run, SIGINT and SIGTERM become RunInterrupted (a KeyboardInterrupt,
+    which stops the session) instead of killing pytest with the stacks up."""
+    if not any(isinstance(i, ScenarioItem) for i in session.items):
+        yield
+        return
+    from chaos import interrupts
+
+    with interrupts.handling():
+        yield
+
+
+#: RunInterrupted that stopped a session (pytest_keyboard_interrupt has no config to stash on).
+_STOPS: list = []
+
+
+def pytest_keyboard_interrupt(excinfo) -> None:
+    from chaos.interrupts import RunInterrupted
+
+    if isinstance(excinfo.value, RunInterrupted):
+        _STOPS.append(excinfo.value)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    """A session a signal stopped exits 128 + the signal (130 SIGINT, 143 SIGTERM)."""
+    stop = session.config.stash.get(_STOP_KEY, None) or (_STOPS[-1] if _STOPS else None)
+    if stop is not None:
+        session.exitstatus = stop.exit_code
+        _STOPS.clear()
 
 
 class ScenarioFile(pytest.File):
@@ -172,12 +209,22 @@ class ScenarioItem(pytest.Item):
         run_dir = report_dir / run_id
         t0 = time.monotonic()
         try:
-            stack = self._pool().acquire(Path(self.scenario.stack), self.scenario.stack_variables())
-        except (StackError, ConfigError) as exc:
-            result = infra_error_result(self.scenario, run_id, run_dir, f"stack: {exc}")
-        else:
-            result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600)
-            self._pool().release(Path(self.scenario.stack), result)
+            try:
+                stack = self._pool().acquire(Path(self.scenario.stack), self.scenario.stack_variables())
+            except (StackError, ConfigError) as exc:
+                result = infra_error_result(self.scenario, run_id, run_dir, f"stack: {exc}")
+            else:
+                result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600)
+                self._pool().release(Path(self.scenario.stack), result)
+        except KeyboardInterrupt as exc:  # SIGINT / SIGTERM: this item's report, then stop the session
+            from chaos import interrupts
+            from chaos.runner.suite import interrupted_result
+
+            stop = interrupts.as_interrupt(exc)
+            if stop.result is None:
+                stop.result = interrupted_result(self.scenario, run_id, run_dir, stop)
+            self.config.stash[_STOP_KEY] = stop
+            raise stop from None
         elapsed = time.monotonic() - t0
         xfail = result.xfail
         self.config.stash[_TIMES_KEY].append(

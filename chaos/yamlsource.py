@@ -9,13 +9,25 @@ Every user-written file kvchaos reads (scenarios, stack files) goes through here
 The module knows nothing about scenarios or stacks: it maps a *data path* (a tuple of mapping
 keys and sequence indexes, e.g. ``("phases", 1, "faults", 0, "duration")``) to the 1-based line
 of that key or item, and turns pydantic errors into lines a user can act on.
+
+Hostile input is bounded before anything walks the data (no input runs away): a file is read
+only if it is a regular file of at most :data:`MAX_FILE_BYTES`; while the YAML is composed, the
+nesting depth (:data:`MAX_DEPTH`), the number of aliases (:data:`MAX_ALIASES`) and the number
+of values the document holds once every alias is expanded (:data:`MAX_VALUES`, which stops a
+"billion laughs" file) are counted, and an alias to a node that contains it (a cycle) is an
+error at the alias's line. Paths are checked by :func:`path_problem` without raising.
 """
 
 from __future__ import annotations
 
+import contextvars
+import errno
 import json
+import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import stat
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,10 +42,124 @@ __all__ = [
     "format_path",
     "format_validation_error",
     "config_error_from_validation",
+    "validation_problems",
+    "combine_problems",
     "load_yaml",
     "load_yaml_text",
     "load_model",
+    "path_problem",
+    "display_path",
+    "kind_of",
+    "foreign_file",
+    "MAX_FILE_BYTES",
+    "MAX_DEPTH",
+    "MAX_ALIASES",
+    "MAX_VALUES",
 ]
+
+#: Largest scenario or stack file read (bytes); shipped files are under 10 KiB.
+MAX_FILE_BYTES = 256 * 1024
+#: Deepest nesting of mappings and sequences (shipped files nest at most 7 deep).
+MAX_DEPTH = 64
+#: Most aliases (``*name``) in one document.
+MAX_ALIASES = 1000
+#: Most values (scalars, mappings, sequences) a document may hold with every alias expanded.
+MAX_VALUES = 50_000
+#: Linux limits: a whole path (PATH_MAX) and one component (NAME_MAX), in bytes.
+PATH_MAX_BYTES = 4096
+NAME_MAX_BYTES = 255
+
+# Set while a file named by a path inside another file is read (a scenario's ``stack:``): its
+# YAML errors then say where, not what (no fragment of its text), since that path may name any
+# file on the host (/etc/shadow).
+_FOREIGN: contextvars.ContextVar[bool] = contextvars.ContextVar("kvchaos_yaml_foreign", default=False)
+
+
+@contextmanager
+def foreign_file() -> Iterator[None]:
+    """Inside the block, errors of the YAML files read quote nothing of their text: YAML syntax
+    errors keep their line, column and kind of problem but drop quoted fragments, and duplicate
+    keys and bad dates are not echoed. For files named by a path in a user's file."""
+    token = _FOREIGN.set(True)
+    try:
+        yield
+    finally:
+        _FOREIGN.reset(token)
+
+
+def kind_of(data: Any) -> str:
+    """What a loaded YAML document is, in words, for "expected a mapping, found ..." errors
+    that must not quote the document (``"a text"``, ``"a list"``, ``"an empty document"``)."""
+    if data is None:
+        return "an empty document"
+    if isinstance(data, bool):
+        return "a boolean"
+    if isinstance(data, (int, float)):
+        return "a number"
+    if isinstance(data, str):
+        return "a text (one scalar)"
+    if isinstance(data, list):
+        return "a list"
+    if isinstance(data, Mapping):
+        return "a mapping"
+    return f"a {type(data).__name__}"
+
+
+def display_path(path: str | os.PathLike, limit: int = 160) -> str:
+    """``path`` as printed in an error: at most ``limit`` characters (the middle elided) and
+    control characters escaped, so a hostile name cannot flood or drive the terminal."""
+    s = os.fsdecode(os.fspath(path)) if not isinstance(path, str) else path
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+    if len(s) > limit:
+        s = s[: limit // 2 - 2] + "..." + s[-(limit // 2 - 1):]
+    return s
+
+
+def path_problem(path: str | os.PathLike, *, want: str = "file") -> str | None:
+    """Why ``path`` cannot be read as a YAML file (or, ``want="dir"``, listed as a folder), or
+    None when it can. Never raises.
+
+    Checks, in order: a NUL byte, longer than PATH_MAX (4096 bytes), a component longer than
+    NAME_MAX (255 bytes), then ``stat``: not found, a component that is not a folder, permission
+    denied, a symlink loop, any other OS error; then the kind (a folder where a file is wanted,
+    a device, FIFO or socket, a file where a folder is wanted) and, for files, size (over
+    :data:`MAX_FILE_BYTES`).
+    """
+    try:
+        raw = os.fsencode(os.fspath(path))
+    except (TypeError, ValueError, UnicodeError) as exc:
+        return f"not a usable path ({exc})"
+    if b"\0" in raw:
+        return "the path contains a NUL byte"
+    if len(raw) > PATH_MAX_BYTES:
+        return f"the path is longer than {PATH_MAX_BYTES} bytes ({len(raw)})"
+    long = [c for c in raw.split(b"/") if len(c) > NAME_MAX_BYTES]
+    if long:
+        return f"a path component is longer than {NAME_MAX_BYTES} bytes ({len(long[0])})"
+    try:
+        st = os.stat(raw)
+    except FileNotFoundError:
+        return "file not found" if want == "file" else "no such file or folder"
+    except NotADirectoryError:
+        return "not found (a component of the path is a file, not a folder)"
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "too many levels of symbolic links"
+        return f"cannot read: {exc.strerror or exc}"
+    except ValueError as exc:
+        return f"not a usable path ({exc})"
+    if want == "dir":
+        return None if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) else \
+            "not a file or folder (a device, FIFO or socket)"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, expected a YAML file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a device, FIFO or socket), expected a YAML file"
+    if st.st_size > MAX_FILE_BYTES:
+        return f"file too large ({st.st_size} bytes; scenario and stack files are read up to {MAX_FILE_BYTES})"
+    return None
 
 DataPath = tuple[str | int, ...]
 """A path into loaded YAML data: mapping keys (usually str) and sequence indexes (int)."""
@@ -129,19 +255,88 @@ class Locator:
         return tuple(path) in self.marks
 
 
-class _MarkingLoader(yaml.SafeLoader):
-    """SafeLoader that turns constructor failures into MarkedYAMLErrors.
+class _Bounded(Exception):
+    """A bound of the composer was crossed (turned into a ConfigError by load_yaml_text)."""
 
-    Stock SafeLoader raises a bare ValueError for a timestamp-shaped scalar that is not a real
-    date (``2024-02-30``); here it becomes a YAML error with the scalar's position.
+    def __init__(self, mark: yaml.Mark | None, message: str) -> None:
+        super().__init__(message)
+        self.mark = mark
+        self.message = message
+
+
+class _MarkingLoader(yaml.SafeLoader):
+    """SafeLoader that bounds what it composes and turns constructor failures into
+    MarkedYAMLErrors.
+
+    While composing it counts the nesting depth, the aliases and the values the document holds
+    with every alias expanded (each node's expanded size is memoised, so the count costs one
+    pass over the distinct nodes); an alias to a node still being composed is a cycle. Stock
+    SafeLoader raises a bare ValueError for a timestamp-shaped scalar that is not a real date
+    (``2024-02-30``); here it becomes a YAML error with the scalar's position.
     """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+        self._values = 0
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded values, height)
+        self._open_anchors: set[str] = set()
+
+    def compose_node(self, parent, index):  # noqa: D401 - yaml composer hook
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = self.anchors.get(event.anchor)
+            if node is not None:
+                if event.anchor in self._open_anchors:
+                    raise _Bounded(event.start_mark, f"alias *{event.anchor} refers to the node that "
+                                   "contains it (a cycle); a document must be a tree")
+                self._aliases += 1
+                if self._aliases > MAX_ALIASES:
+                    raise _Bounded(event.start_mark, f"more than {MAX_ALIASES} aliases in one document")
+                size, height = self._sizes.get(id(node), (1, 1))
+                self._values += size
+                if self._values > MAX_VALUES:
+                    raise _Bounded(event.start_mark, f"alias *{event.anchor} ({size} values) takes the "
+                                   f"document past {MAX_VALUES} values with its aliases expanded "
+                                   "(nested aliases that multiply: a 'billion laughs' file?)")
+                if self._depth + height > MAX_DEPTH:
+                    raise _Bounded(event.start_mark, f"alias *{event.anchor} nests the document deeper "
+                                   f"than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        event = self.peek_event()
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Bounded(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+        self._values += 1
+        if self._values > MAX_VALUES:
+            raise _Bounded(event.start_mark, f"more than {MAX_VALUES} values in one document")
+        anchor = getattr(event, "anchor", None)
+        collection = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        if anchor and collection:
+            self._open_anchors.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            if anchor and collection:
+                self._open_anchors.discard(anchor)
+        if isinstance(node, yaml.SequenceNode):
+            kids = [self._sizes.get(id(n), (1, 1)) for n in node.value]
+        elif isinstance(node, yaml.MappingNode):
+            kids = [self._sizes.get(id(n), (1, 1)) for kv in node.value for n in kv]
+        else:
+            kids = []
+        self._sizes[id(node)] = (1 + sum(k[0] for k in kids), 1 + max((k[1] for k in kids), default=0))
+        return node
 
     def construct_yaml_timestamp(self, node):  # noqa: D401 - yaml constructor hook
         try:
             return super().construct_yaml_timestamp(node)
         except (ValueError, OverflowError) as exc:
+            what = "" if _FOREIGN.get() else f" {node.value!r}"
             raise yaml.constructor.ConstructorError(
-                None, None, f"invalid date/time {node.value!r}: {exc}", node.start_mark
+                None, None, f"invalid date/time{what}: {exc}", node.start_mark
             ) from None
 
 
@@ -160,18 +355,30 @@ def load_yaml(path: str | Path, *, display: str | None = None) -> tuple[Any, Loc
         :class:`Locator` for it. An empty file gives ``(None, Locator())``.
 
     Raises:
-        ConfigError: the file cannot be read, is not UTF-8, is not valid YAML (line and column
-            set), has more than one document, or has a duplicate key in a mapping.
+        ConfigError: the path is unusable (see :func:`path_problem`: too long, a folder, a
+            device or FIFO, unreadable, over :data:`MAX_FILE_BYTES`), the file is not UTF-8, is
+            not valid YAML (line and column set), has more than one document, a duplicate key in
+            a mapping, a cyclic alias, or crosses a bound (depth, aliases, expanded values).
     """
-    name = display if display is not None else str(path)
+    name = display if display is not None else display_path(path)
+    problem = path_problem(path)
+    if problem is not None:
+        raise ConfigError(name, None, None, problem)
     try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(name, None, None, "file not found") from None
+        # O_NONBLOCK: a FIFO swapped in after the check must not hang the open.
+        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(name, None, None, "not a regular file, expected a YAML file")
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except ConfigError:
+        raise
     except IsADirectoryError:
         raise ConfigError(name, None, None, "is a directory, expected a YAML file") from None
-    except OSError as exc:
-        raise ConfigError(name, None, None, f"cannot read: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(name, None, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(name, None, None, f"file too large (over {MAX_FILE_BYTES} bytes)")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -180,8 +387,21 @@ def load_yaml(path: str | Path, *, display: str | None = None) -> tuple[Any, Loc
     return load_yaml_text(text, display=name)
 
 
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
+
+def _redact(msg: str) -> str:
+    """A YAML problem without the fragments of the file it quotes (``found undefined alias
+    'x'`` -> ``found undefined alias (text not shown)``)."""
+    return _QUOTED.sub("(text not shown)", msg)
+
+
 def load_yaml_text(text: str, *, display: str = "<string>") -> tuple[Any, Locator]:
-    """Like :func:`load_yaml` for text already in memory; ``display`` names it in errors."""
+    """Like :func:`load_yaml` for text already in memory; ``display`` names it in errors.
+    Text longer than :data:`MAX_FILE_BYTES` characters is refused."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(display, None, None, f"text too large (over {MAX_FILE_BYTES} characters)")
+    foreign = _FOREIGN.get()
     loader: _MarkingLoader | None = None
     try:
         loader = _MarkingLoader(text)
@@ -190,8 +410,11 @@ def load_yaml_text(text: str, *, display: str = "<string>") -> tuple[Any, Locato
             return None, Locator()
         data = loader.construct_document(node)
         locator = Locator()
-        _record(node, data, (), locator, display, set())
+        _record(node, data, (), locator, display, set(), _KeyReader())
         return data, locator
+    except _Bounded as exc:
+        line, col = (exc.mark.line + 1, exc.mark.column + 1) if exc.mark is not None else (None, None)
+        raise ConfigError(display, line, None, f"YAML: {exc.message}", column=col) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         msg = exc.problem or exc.context or "invalid YAML"
@@ -202,6 +425,8 @@ def load_yaml_text(text: str, *, display: str = "<string>") -> tuple[Any, Locato
             ):
                 where = f" (line {exc.context_mark.line + 1})"
             msg = f"{exc.context}{where}: {exc.problem}"
+        if foreign:
+            msg = _redact(msg)
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         raise ConfigError(display, line, None, f"YAML syntax: {msg}", column=col) from None
     except yaml.YAMLError as exc:  # ReaderError (control characters) and friends
@@ -209,8 +434,9 @@ def load_yaml_text(text: str, *, display: str = "<string>") -> tuple[Any, Locato
         text_before = text[: getattr(exc, "position", 0) or 0]
         if getattr(exc, "position", None) is not None:
             line = text_before.count("\n") + 1
-        raise ConfigError(display, line, None, f"YAML: {_one_line(str(exc))}") from None
-    except RecursionError:
+        msg = _one_line(str(exc))
+        raise ConfigError(display, line, None, f"YAML: {_redact(msg) if foreign else msg}") from None
+    except RecursionError:  # not reached within MAX_DEPTH; kept as a last guard
         raise ConfigError(display, None, None, "YAML nested too deeply") from None
     finally:
         if loader is not None:
@@ -228,8 +454,10 @@ def _record(
     locator: Locator,
     display: str,
     active: set[int],
+    keys: "_KeyReader",
 ) -> None:
-    """Walk ``node`` and its constructed ``data`` side by side, recording marks per path."""
+    """Walk ``node`` and its constructed ``data`` side by side, recording marks per path.
+    (Bounded: the composer refused cycles and more than MAX_VALUES expanded values.)"""
     if not path:
         locator.marks[()] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if id(node) in active:  # recursive alias (&a [*a]): the data is cyclic; stop here
@@ -245,16 +473,17 @@ def _record(
             own_lines: dict[Any, int] = {}
             effective: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
             for key_node, value_node in node.value:
-                key = _key_of(key_node)
+                key = keys.key_of(key_node)
                 if key is _NO_KEY or not _hashable(key):
                     continue
                 if start <= key_node.start_mark.index < end:
                     if key in own_lines:
+                        foreign = _FOREIGN.get()
                         raise ConfigError(
                             display,
                             key_node.start_mark.line + 1,
-                            format_path(path + (key,)) if isinstance(key, (str, int)) else None,
-                            f"duplicate key {key!r} (first at line {own_lines[key]})",
+                            format_path(path + (key,)) if isinstance(key, (str, int)) and not foreign else None,
+                            f"duplicate key{'' if foreign else f' {key!r}'} (first at line {own_lines[key]})",
                         )
                     own_lines[key] = key_node.start_mark.line + 1
                 effective[key] = (key_node, value_node)
@@ -264,14 +493,14 @@ def _record(
                     child, (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 )
                 if key in data:
-                    _record(value_node, data[key], child, locator, display, active)
+                    _record(value_node, data[key], child, locator, display, active, keys)
         elif isinstance(node, yaml.SequenceNode) and isinstance(data, list):
             for i, (item_node, item) in enumerate(zip(node.value, data)):
                 child = path + (i,)
                 locator.marks.setdefault(
                     child, (item_node.start_mark.line + 1, item_node.start_mark.column + 1)
                 )
-                _record(item_node, item, child, locator, display, active)
+                _record(item_node, item, child, locator, display, active, keys)
     finally:
         active.discard(id(node))
 
@@ -279,17 +508,24 @@ def _record(
 _NO_KEY = object()
 
 
-def _key_of(key_node: yaml.Node) -> Any:
-    if isinstance(key_node, yaml.ScalarNode):
-        # Resolve the scalar the way the constructor did (``1`` -> 1, ``true`` -> True).
-        loader = _MarkingLoader("")
-        try:
-            return loader.construct_object(key_node, deep=True)
-        except yaml.YAMLError:
+class _KeyReader:
+    """Resolves mapping-key scalars the way the constructor did (``1`` -> 1, ``true`` -> True),
+    with one loader for the whole document (a loader per key cost more than the rest)."""
+
+    def __init__(self) -> None:
+        self._loader = _MarkingLoader("")
+        self._cache: dict[tuple[str, str], Any] = {}
+
+    def key_of(self, key_node: yaml.Node) -> Any:
+        if not isinstance(key_node, yaml.ScalarNode):
             return _NO_KEY
-        finally:
-            loader.dispose()
-    return _NO_KEY
+        k = (key_node.tag, key_node.value)
+        if k not in self._cache:
+            try:
+                self._cache[k] = self._loader.construct_object(key_node, deep=True)
+            except yaml.YAMLError:
+                self._cache[k] = _NO_KEY
+        return self._cache[k]
 
 
 def _hashable(x: Any) -> bool:
@@ -396,6 +632,40 @@ def _message(err: Mapping[str, Any]) -> str:
     return msg
 
 
+def validation_problems(
+    file: str | Path,
+    exc: pydantic.ValidationError,
+    locator: Locator,
+    data: Any = None,
+    *,
+    skip_types: Iterable[str] = (),
+) -> list[ConfigError]:
+    """Every problem of a pydantic ValidationError on YAML data, one ConfigError each (file,
+    line, field, message), in pydantic's order; errors of a type in ``skip_types`` are left
+    out. Arguments otherwise as :func:`config_error_from_validation`."""
+    skip = set(skip_types)
+    # Group by location: a plain union reports one error per member type at the same place.
+    grouped: dict[tuple[int | None, str | None], list[str]] = {}
+    for err in exc.errors(include_url=False):
+        if err.get("type", "") in skip:
+            continue
+        loc = err.get("loc", ())
+        path = _data_path(loc, data, err.get("type", "")) if data is not None else tuple(loc)
+        key = (locator.line_of(path), format_path(path) or None)
+        msg = _message(err)
+        if msg not in grouped.setdefault(key, []):
+            grouped[key].append(msg)
+    return [ConfigError(str(file), line, fld, "; or ".join(msgs)) for (line, fld), msgs in grouped.items()]
+
+
+def combine_problems(problems: Sequence[ConfigError]) -> ConfigError:
+    """One ConfigError holding every problem of ``problems`` (non-empty): the first describes
+    file/line/field/message, ``problems`` lists all lines."""
+    first = problems[0]
+    return ConfigError(first.file, first.line, first.field, first.message, column=first.column,
+                       problems=[line for p in problems for line in p.problems])
+
+
 def config_error_from_validation(
     file: str | Path, exc: pydantic.ValidationError, locator: Locator, data: Any = None
 ) -> ConfigError:
@@ -412,26 +682,10 @@ def config_error_from_validation(
         A ConfigError whose file/line/field/message describe the first problem and whose
         ``problems`` lists every problem, one ``file:line: field: message`` line each.
     """
-    # Group by location: a plain union reports one error per member type at the same place.
-    grouped: dict[tuple[int | None, str | None], list[str]] = {}
-    for err in exc.errors(include_url=False):
-        loc = err.get("loc", ())
-        path = _data_path(loc, data, err.get("type", "")) if data is not None else tuple(loc)
-        key = (locator.line_of(path), format_path(path) or None)
-        msg = _message(err)
-        if msg not in grouped.setdefault(key, []):
-            grouped[key].append(msg)
-    first: tuple[int | None, str | None, str] | None = None
-    problems: list[str] = []
-    for (line, fld), msgs in grouped.items():
-        msg = "; or ".join(msgs)
-        problems.append(_format_line(str(file), line, fld, msg))
-        if first is None:
-            first = (line, fld, msg)
-    if first is None:
-        first = (locator.line_of(()), None, str(exc))
-        problems = [_format_line(str(file), first[0], None, first[2])]
-    return ConfigError(str(file), first[0], first[1], first[2], problems=problems)
+    problems = validation_problems(file, exc, locator, data)
+    if not problems:
+        problems = [ConfigError(str(file), locator.line_of(()), None, str(exc))]
+    return combine_problems(problems)
 
 
 def format_validation_error(

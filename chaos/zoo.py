@@ -23,7 +23,6 @@ scenarios' own (fixed), so reruns give the same matrix.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -61,7 +60,7 @@ ZOO_MAP: dict[str, list[str]] = {
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
 #: failed a check; "error": the stack did not start; "-": not run.
-Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "xpass", "error", "-"]
+Cell = Literal["caught", "passed", "failed", "inconclusive", "xfail", "xpass", "error", "interrupted", "-"]
 
 EXIT_OK = 0
 EXIT_ZOO_FAILED = 1
@@ -422,12 +421,11 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     columns = [s.name for s in load_and_validate(scenario_paths, **overrides)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
 
-    def on_sigterm(signum: int, _frame: object) -> None:
-        # Between scenarios too: leave through ``finally`` so the stacks come down.
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+    from chaos import interrupts
+    from chaos.runner.suite import interrupted_result
 
-    old_handler = signal.signal(signal.SIGTERM, on_sigterm)
     pool = StackPool(backend, report_dir / new_run_id("zoo-stacks"))
+    current: tuple | None = None  # (row, scenario, run_id, run_dir) of the cell under way
     try:
         for row, names in plan.items():
             bugs = [] if row == CLEAN else [row]
@@ -442,6 +440,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 variables = scenario.stack_variables()
                 if coverage is not None:
                     variables.update(coverage.variables)  # type: ignore[attr-defined]
+                current = (row, scenario, run_id, run_dir)
                 try:
                     stack = pool.acquire(Path(scenario.stack), variables, say=say)
                 except (StackError, ConfigError) as exc:
@@ -454,8 +453,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                                           progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
                 if coverage is not None:
                     coverage.switch("idle")  # type: ignore[attr-defined]
-                if result.error and result.error.startswith("interrupted"):
-                    raise KeyboardInterrupt(result.error)  # Ctrl-C / SIGTERM: stop the zoo, not one cell
+                current = None
                 cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
                                 error=result.error is not None)
                 elapsed = time.monotonic() - t0
@@ -469,9 +467,19 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                     matrix.diagnoses.setdefault(row, {})[scenario.name] = why
                 if cell == "caught" and shrink_budget_s is not None:
                     matrix.shrunk.setdefault(row, {})[scenario.name] = _shrink_cell(run_dir, pool, shrink_budget_s, say)
+    except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: stop the zoo, not one cell
+        stop = interrupts.as_interrupt(exc)
+        if current is not None:
+            row, scenario, run_id, run_dir = current
+            result = stop.result or interrupted_result(scenario, run_id, run_dir, stop)
+            matrix.set(row, scenario.name, "interrupted", None, str(run_dir), failed_checks=[])
+        stop.results = [matrix]
+        raise stop
     finally:
-        pool.close()
-        signal.signal(signal.SIGTERM, old_handler)
+        try:
+            pool.close()
+        except KeyboardInterrupt:  # held until the stacks were down; the zoo stops anyway
+            pass
     return matrix
 
 
@@ -560,28 +568,67 @@ def zoo(
         raise typer.Exit(2)
     wanted = {n for ns in plan.values() for n in ns}
     paths = [p for p, n in zip(paths, catalogue) if n in wanted]
+    from chaos import interrupts
+
+    try:
+        _zoo_runs(paths, plan, catalogue, report_dir, backend, timeout, repeat, out,
+                  coverage_dir=coverage_dir, shrink_budget_s=shrink_budget if shrink else None,
+                  numerics=numerics, equivalence=equivalence)
+    finally:
+        interrupts.exit_on_signal()  # the zoo is over: a signal now only sets the exit code
+
+
+def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str], report_dir: Path,
+              backend: str, timeout: float, repeat: int, out: Path, *, coverage_dir: Path | None = None,
+              shrink_budget_s: float | None = None, numerics: str | None = None,
+              equivalence: str | None = None) -> None:
+    from chaos import interrupts
+
     matrices: list[ZooMatrix] = []
     measure = None
     if coverage_dir is not None:
         from chaos.coverage import EngineCoverage
 
         measure = EngineCoverage(coverage_dir / "data")
-    for k in range(1, repeat + 1):
-        if repeat > 1:
-            typer.echo(f"zoo run {k} of {repeat}", err=True)
-        matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
-                         shrink_budget_s=shrink_budget if shrink else None,
-                         say=lambda m: typer.echo(m, err=True), coverage=measure, numerics=numerics,
-                         equivalence=equivalence)
-        matrices.append(matrix)
-        if repeat > 1:
-            matrix.write(out / f"run-{k}")
+    with interrupts.handling():
+        try:
+            for k in range(1, repeat + 1):
+                if repeat > 1:
+                    typer.echo(f"zoo run {k} of {repeat}", err=True)
+                matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
+                                 shrink_budget_s=shrink_budget_s, say=lambda m: typer.echo(m, err=True),
+                                 coverage=measure, numerics=numerics, equivalence=equivalence)
+                matrices.append(matrix)
+                if repeat > 1:
+                    matrix.write(out / f"run-{k}")
+        except interrupts.RunInterrupted as exc:
+            with interrupts.deferred():
+                partial = exc.results[0] if exc.results else ZooMatrix(rows=list(plan), columns=catalogue)
+                md, _js = partial.write(out / (f"run-{len(matrices) + 1}" if repeat > 1 else ""))
+                note = (f"\nInterrupted by {exc.describe()}: the matrix is partial; the stacks are down "
+                        "and the cell under way has its report.\n")
+                md.write_text(partial.to_markdown() + note)
+                typer.echo(partial.to_markdown() + note)
+                typer.echo(f"matrix: {md}")
+            raise typer.Exit(exc.exit_code) from None
+        try:
+            with interrupts.deferred():  # the matrix is written in full
+                code = _write_matrices(matrices, repeat, out)
+                if measure is not None:
+                    from chaos.coverage import write_summary
+
+                    typer.echo(write_summary(measure, paths, plan[CLEAN], coverage_dir), err=True)
+        except interrupts.RunInterrupted as exc:  # came while it was written: the zoo had finished
+            raise typer.Exit(exc.exit_code) from None
+    raise typer.Exit(code)
+
+
+def _write_matrices(matrices: list[ZooMatrix], repeat: int, out: Path) -> int:
+    """Write OUT/matrix.md and .json (with the comparison of repeated runs); returns the exit
+    code."""
+    matrix = matrices[-1]
     code = max(m.exit_code() for m in matrices)
     md, js = matrix.write(out)
-    if measure is not None:
-        from chaos.coverage import write_summary
-
-        typer.echo(write_summary(measure, paths, plan[CLEAN], coverage_dir), err=True)
     extra = ""
     if repeat > 1:
         differ = compare_matrices(matrices)
@@ -601,7 +648,7 @@ def zoo(
         js.write_text(json.dumps(data, indent=2) + "\n")
     typer.echo(matrix.to_markdown() + extra)
     typer.echo(f"matrix: {md} {js}")
-    raise typer.Exit(code)
+    return code
 
 
 if __name__ == "__main__":  # python -m chaos.zoo

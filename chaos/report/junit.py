@@ -6,7 +6,8 @@ Mapping of verdicts (the JUnit schema that Jenkins, GitLab and GitHub reporters 
              (under xfail: <skipped type="xfail" message="xfail: <reason>: <summary>"/>, as pytest)
 - unknown -> <error message="<check summary>" type="inconclusive">; an inconclusive check must
              not read as green.
-An infrastructure error adds a testcase "run" carrying <error type="infrastructure">.
+An infrastructure error adds a testcase "run" carrying <error type="infrastructure">; a run
+stopped by SIGINT/SIGTERM one carrying <error type="interrupted">.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def run_testsuite(result: RunResult) -> ET.Element:
             ET.SubElement(props, "property", name=k, value=str(v))
     classname = f"kvchaos.{result.scenario}"
     failures = errors = skipped = 0
+    if result.interrupted is not None:
+        tc = _testcase(suite, classname, "run")
+        text = f"interrupted by {result.interrupted.describe()}"
+        ET.SubElement(tc, "error", message=text, type="interrupted").text = text
+        errors += 1
     if result.error:
         tc = _testcase(suite, classname, "run")
         ET.SubElement(tc, "error", message=result.error, type="infrastructure").text = result.error
@@ -54,7 +60,8 @@ def run_testsuite(result: RunResult) -> ET.Element:
         else:
             ET.SubElement(tc, "system-out").text = chk.summary
     total = result.durations.total_s or 0.0
-    suite.set("tests", str(len(result.checks) + (1 if result.error else 0)))
+    suite.set("tests", str(len(result.checks) + (1 if result.error else 0)
+                           + (1 if result.interrupted is not None else 0)))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
     suite.set("skipped", str(skipped))

@@ -10,11 +10,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from chaos.checks.result import CheckResult, Verdict
+from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import ServiceExit
 from chaos.stats import RunStats
 
 SCHEMA_VERSION = 1
+
+RunVerdict = Literal["passed", "failed", "unknown", "interrupted"]
+"""A run's verdict: the checks' (chaos.checks.result.Verdict), or "interrupted" when SIGINT or
+SIGTERM stopped it before its checks gave one."""
 
 # Exit codes of `kvchaos run` (DESIGN.md).
 EXIT_PASSED = 0
@@ -35,6 +39,32 @@ class XfailInfo(BaseModel):
     evidence: str | None = None
     upstream: str | None = None
     outcome: Literal["xfailed", "xpassed"] | None = None
+
+
+class InterruptInfo(BaseModel):
+    """A run (or suite) stopped by SIGINT or SIGTERM (chaos/interrupts.py).
+
+    signal: its name ("SIGTERM"); exit_code: 128 + its number (130 SIGINT, 143 SIGTERM);
+    stage: what the run did when it came ("stack start-up", "phase warm", "quiesce",
+    "recompute oracle", "checks", "report", "teardown"); phases_run: the phases that started;
+    healed / not_healed: fault ids applied and healed on the way out / whose heal failed.
+    """
+
+    signal: str
+    exit_code: int
+    stage: str | None = None
+    phases_run: list[str] = Field(default_factory=list)
+    healed: list[str] = Field(default_factory=list)
+    not_healed: list[str] = Field(default_factory=list)
+
+    def describe(self) -> str:
+        """``"SIGTERM during phase warm; healed: slow-link"``."""
+        out = self.signal + (f" during {self.stage}" if self.stage else "")
+        if self.healed:
+            out += f"; healed: {', '.join(self.healed)}"
+        if self.not_healed:
+            out += f"; NOT healed: {', '.join(self.not_healed)}"
+        return out
 
 
 class FaultSummary(BaseModel):
@@ -83,9 +113,11 @@ class RunPaths(BaseModel):
 class RunResult(BaseModel):
     """result.json: everything about one scenario run.
 
-    verdict is the composition of the checks (worst wins), or "unknown" when the run hit an
-    infrastructure error; exit_code follows DESIGN.md (0 passed, 1 failed, 3 infra, 4
-    inconclusive; an xfail scenario whose check failed as expected exits 0).
+    verdict is the composition of the checks (worst wins), "unknown" when the run hit an
+    infrastructure error, or "interrupted" when a signal stopped it (``interrupted`` says
+    which, when and what was healed); exit_code follows DESIGN.md (0 passed, 1 failed, 3 infra,
+    4 inconclusive; an xfail scenario whose check failed as expected exits 0; 130/143 when
+    interrupted by SIGINT/SIGTERM).
     """
 
     schema_version: int = SCHEMA_VERSION
@@ -96,7 +128,7 @@ class RunResult(BaseModel):
     stack: str | None = None
     seed: int | None = None
     started_at: str | None = None
-    verdict: Verdict
+    verdict: RunVerdict
     exit_code: int
     checks: list[CheckResult] = Field(default_factory=list)
     stats: RunStats = Field(default_factory=RunStats)
@@ -108,6 +140,7 @@ class RunResult(BaseModel):
     xfail: XfailInfo | None = None
     engine_bugs: list[str] = Field(default_factory=list)
     error: str | None = None
+    interrupted: InterruptInfo | None = None
 
 
 class SuiteEntry(BaseModel):
@@ -115,7 +148,7 @@ class SuiteEntry(BaseModel):
 
     run_id: str
     scenario: str
-    verdict: Verdict
+    verdict: RunVerdict
     exit_code: int
     xfail: str | None = None
     summary: str = ""
@@ -127,11 +160,12 @@ class SuiteResult(BaseModel):
     """suite.json: several scenario runs.
 
     exit_code: the worst run's (1 if any failed, else 3 if any infra error, else 4 if any
-    inconclusive, else 0).
+    inconclusive, else 0); 130/143 when a signal stopped the suite (``interrupted``).
     """
 
     schema_version: int = SCHEMA_VERSION
     suite_id: str
-    verdict: Verdict
+    verdict: RunVerdict
     exit_code: int
     runs: list[SuiteEntry] = Field(default_factory=list)
+    interrupted: InterruptInfo | None = None

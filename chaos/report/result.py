@@ -8,7 +8,7 @@ from chaos.checks.requests import faults, op_dicts
 from chaos.checks.result import CheckResult, Verdict, combine
 from chaos.checks.snapshots import ServiceExit
 from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, Durations,
-                                FaultSummary, PhaseSpan, RunResult, XfailInfo)
+                                FaultSummary, InterruptInfo, PhaseSpan, RunResult, RunVerdict, XfailInfo)
 from chaos.stats import compute_stats, output_matches_from_checks
 
 
@@ -63,7 +63,8 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
                  deadline_s: float | None = 60.0, xfail: XfailInfo | dict | Any | None = None,
                  durations: Durations | dict | None = None,
                  service_exits: Iterable[ServiceExit | dict] = (), engine_bugs: Iterable[str] = (),
-                 error: str | None = None, chunk_size: int = 256) -> RunResult:
+                 error: str | None = None, chunk_size: int = 256,
+                 interrupted: InterruptInfo | dict | None = None) -> RunResult:
     """Build result.json's model for one run.
 
     Args:
@@ -75,11 +76,15 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
         durations: per-stage wall-clock seconds; service_exits: from the snapshots.
         error: infrastructure error text; forces verdict "unknown" and exit code 3.
         chunk_size: LMCache chunk size in tokens, for the hit statistics.
+        interrupted: a signal stopped the run (chaos/interrupts.py); forces verdict
+            "interrupted" and exit code 128 + the signal's number (its ``exit_code``).
     Returns:
         RunResult with verdict = combine(checks), stats, faults, phases and exit_code.
     """
     ops = op_dicts(history)
-    verdict: Verdict = "unknown" if error else combine(checks)
+    if isinstance(interrupted, dict):
+        interrupted = InterruptInfo.model_validate(interrupted)
+    verdict: RunVerdict = "interrupted" if interrupted else "unknown" if error else combine(checks)
     xf: XfailInfo | None = None
     if xfail is not None:
         raw = xfail if isinstance(xfail, dict) else (xfail.model_dump() if hasattr(xfail, "model_dump") else vars(xfail))
@@ -90,9 +95,10 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
     return RunResult(
         run_id=run_id, scenario=scenario, description=description, scenario_path=scenario_path,
         stack=stack, seed=seed, started_at=started_at, verdict=verdict,
-        exit_code=exit_code(verdict, xf, error), checks=list(checks),
+        exit_code=interrupted.exit_code if interrupted else exit_code(verdict, xf, error), checks=list(checks),
         stats=compute_stats(ops, deadline_s, chunk_size=chunk_size,
                             matches=output_matches_from_checks(checks, ops)), faults=faults_from_history(ops),
         phases=phases_from_history(ops),
         service_exits=[e if isinstance(e, ServiceExit) else ServiceExit.model_validate(e) for e in service_exits],
-        durations=durations or Durations(), xfail=xf, engine_bugs=list(engine_bugs), error=error)
+        durations=durations or Durations(), xfail=xf, engine_bugs=list(engine_bugs), error=error,
+        interrupted=interrupted)

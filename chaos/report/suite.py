@@ -9,13 +9,15 @@ from rich.table import Table
 
 from chaos.checks.result import worst
 from chaos.report.junit import write_junit
-from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, RunResult,
-                                SuiteEntry, SuiteResult)
+from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, InterruptInfo,
+                                RunResult, SuiteEntry, SuiteResult)
 
-_STYLE = {"passed": "green", "failed": "bold red", "unknown": "yellow"}
+_STYLE = {"passed": "green", "failed": "bold red", "unknown": "yellow", "interrupted": "magenta"}
 
 
 def _summary(r: RunResult) -> str:
+    if r.interrupted is not None:
+        return f"interrupted by {r.interrupted.describe()}"
     if r.error:
         return f"infrastructure error: {r.error}"
     bad = [c for c in r.checks if c.verdict != "passed"]
@@ -26,7 +28,11 @@ def _summary(r: RunResult) -> str:
 
 
 def suite_exit_code(results: list[RunResult]) -> int:
-    """1 if any run exited 1, else 3 if any exited 3, else 4 if any exited 4, else 0."""
+    """The first interrupted run's code (130/143) if a signal stopped one, else 1 if any run
+    exited 1, else 3 if any exited 3, else 4 if any exited 4, else 0."""
+    for r in results:
+        if r.interrupted is not None:
+            return r.interrupted.exit_code
     codes = {r.exit_code for r in results}
     for code in (EXIT_FAILED, EXIT_INFRA, EXIT_INCONCLUSIVE):
         if code in codes:
@@ -34,30 +40,39 @@ def suite_exit_code(results: list[RunResult]) -> int:
     return EXIT_PASSED if codes <= {EXIT_PASSED} else max(codes)
 
 
-def build_suite(suite_id: str, results: list[RunResult], reports_dir: Path) -> SuiteResult:
-    """Summarise runs; run_dir entries are reports_dir/<run_id>, relative to reports_dir."""
+def build_suite(suite_id: str, results: list[RunResult], reports_dir: Path,
+                interrupted: InterruptInfo | None = None) -> SuiteResult:
+    """Summarise runs; run_dir entries are reports_dir/<run_id>, relative to reports_dir.
+    ``interrupted``: the signal that stopped the suite (then verdict "interrupted" and its
+    exit code, whatever the runs say)."""
     entries = [SuiteEntry(run_id=r.run_id, scenario=r.scenario, verdict=r.verdict, exit_code=r.exit_code,
                           xfail=r.xfail.outcome if r.xfail else None, summary=_summary(r),
                           duration_s=r.durations.total_s, run_dir=r.run_id)
                for r in results]
+    interrupted = interrupted or next((r.interrupted for r in results if r.interrupted is not None), None)
+    if interrupted is not None:
+        return SuiteResult(suite_id=suite_id, verdict="interrupted", exit_code=interrupted.exit_code,
+                           runs=entries, interrupted=interrupted)
     return SuiteResult(suite_id=suite_id, verdict=worst(r.verdict for r in results),
                        exit_code=suite_exit_code(results), runs=entries)
 
 
-def write_suite(suite_dir: Path, suite_id: str, results: list[RunResult]) -> SuiteResult:
+def write_suite(suite_dir: Path, suite_id: str, results: list[RunResult],
+                interrupted: InterruptInfo | None = None) -> SuiteResult:
     """Write suite_dir/suite.json and suite_dir/junit.xml (one <testsuite> per run).
 
     Args:
         suite_dir: folder for the suite files (created if missing), usually reports/.
         suite_id: a name for the suite run.
         results: the runs' RunResults.
+        interrupted: the signal that stopped the suite, if one did.
     Returns:
         the SuiteResult written.
     Raises:
         OSError: a file cannot be written.
     """
     suite_dir.mkdir(parents=True, exist_ok=True)
-    suite = build_suite(suite_id, results, suite_dir)
+    suite = build_suite(suite_id, results, suite_dir, interrupted)
     (suite_dir / "suite.json").write_text(suite.model_dump_json(indent=2), encoding="utf-8")
     write_junit(suite_dir / "junit.xml", results, name=f"kvchaos.{suite_id}")
     return suite

@@ -10,6 +10,11 @@ Every fault that was applied is healed on every exit path (return, exception, Ct
 SIGTERM, the scenario deadline): heal runs in ``finally``, one fault at a time, each even if an
 earlier heal failed (Chaos Toolkit's rollbacks). Before a fault is applied it is written to the
 journal (chaos/journal.py) so ``kvchaos cleanup`` can heal it if the runner is SIGKILLed.
+
+A SIGINT or SIGTERM at any stage (chaos/interrupts.py) skips what is left of the phases, quiesce,
+oracle and checks, heals, and writes the report with verdict ``interrupted`` (the signal, the
+stage, the phases that ran, what was healed) before RunInterrupted leaves with the result on it.
+Heals and the report are written with signals held, so a signal never splits them.
 """
 
 from __future__ import annotations
@@ -17,11 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import signal
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +35,12 @@ from chaos.checks.snapshots import ServiceExit as SnapshotExit
 from chaos.checks.snapshots import Snapshots
 from chaos.faults import registry as fault_registry
 from chaos.faults.base import Fault, FaultContext
+from chaos import interrupts
 from chaos.history import HistoryWriter
+from chaos.interrupts import RunInterrupted
 from chaos.journal import Journal
 from chaos.oracle import TOP_K, OracleError, RecomputeOracle
-from chaos.report.model import RunResult
+from chaos.report.model import InterruptInfo, RunResult
 from chaos.report.result import build_result
 from chaos.report.writer import write_report
 from chaos.runner.leaks import poll_until_quiet, read_baselines
@@ -47,10 +52,6 @@ from chaos.workload.client import CompletionClient
 from chaos.workload.driver import run_conversations
 from chaos.workload.generator import plan_phase
 
-class RunInterrupted(BaseException):
-    """SIGTERM (or SIGINT) arrived while a scenario ran; faults are healed before it leaves."""
-
-
 @dataclass
 class AppliedFault:
     """A fault the nemesis started applying (so it must be healed)."""
@@ -58,25 +59,8 @@ class AppliedFault:
     fault: Fault
     phase: str
     healed: bool = False
+    heal_ok: bool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@contextmanager
-def sigterm_as_interrupt():
-    """Inside the block, SIGTERM raises :class:`RunInterrupted` in the main thread (so
-    ``finally`` blocks heal faults); the previous handler comes back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise RunInterrupted(f"signal {signal.Signals(signum).name}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 class Nemesis:
@@ -122,9 +106,11 @@ class Nemesis:
         try:
             done = fault.heal(self.ctx)
         except Exception as exc:
+            entry.heal_ok = False
             self.history.append("nemesis", "fail", "heal", phase=phase, fault_id=fault.id,
                                 value={"kind": kind, "error": f"{type(exc).__name__}: {exc}"})
             return
+        entry.heal_ok = True
         try:
             evidence = fault.evidence(self.ctx)
         except Exception as exc:
@@ -134,13 +120,15 @@ class Nemesis:
                             value={"kind": kind, **_jsonable(done), "evidence": _jsonable(evidence)})
 
     def heal_all(self) -> list[str]:
-        """Heal every applied fault not yet healed, newest first; returns errors (never raises)."""
+        """Heal every applied fault not yet healed, newest first; returns errors (never raises
+        but for a signal held meanwhile, raised as RunInterrupted once all are healed)."""
         errors = []
-        for entry in reversed(self.applied):
-            try:
-                self.heal(entry)
-            except BaseException as exc:  # keep healing the others
-                errors.append(f"heal {entry.fault.id}: {exc}")
+        with interrupts.deferred():
+            for entry in reversed(self.applied):
+                try:
+                    self.heal(entry)
+                except Exception as exc:  # keep healing the others
+                    errors.append(f"heal {entry.fault.id}: {exc}")
         return errors
 
     def cancel_for(self, plan) -> Any:
@@ -236,8 +224,16 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
         The run's result (report written to ``run_dir``); never raises for check failures.
 
     Raises:
-        RunInterrupted, KeyboardInterrupt: after healing every fault and writing the report.
+        RunInterrupted: SIGINT or SIGTERM (or Ctrl-C as KeyboardInterrupt) at any stage, after
+            healing every fault and writing the report (verdict ``interrupted``, unless the signal
+            came while the finished run's report was written); the result is on ``.result``.
     """
+    with interrupts.handling():
+        return _run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s, progress=progress)
+
+
+def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str,
+                  timeout_s: float | None, progress) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     history = HistoryWriter(run_dir / "history.jsonl")
@@ -260,91 +256,153 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
     t0 = time.monotonic()
     liveness = scenario.checks.liveness
     deadline = liveness.request_deadline_s if liveness is not None else 120.0
-    interrupted: BaseException | None = None
+    interrupted: RunInterrupted | None = None
+    phases_run: list[str] = []
     equivalence = scenario.checks.recompute_equivalence
     tolerant = equivalence is not None and equivalence.mode == "tolerant"
-    leaks_cfg = scenario.checks.leaks
     leak_sources = _leak_sources(scenario, stack)
-    if leaks_cfg is not None:
-        snapshots.leak_baselines = read_baselines(leak_sources)
     try:
-        with sigterm_as_interrupt():
-            async def phases() -> None:
-                client = CompletionClient(settings.engine_url, history=history, cache_stats=True,
-                                          logprobs=TOP_K if tolerant else None) if settings.engine_url else None
-                try:
-                    for phase in scenario.phases:
-                        say(f"phase {phase.name}")
-                        ctx.phase = phase.name
-                        await _run_phase(scenario, phase, nemesis, client, deadline)
-                finally:
-                    if client is not None:
-                        await client.aclose()
+        if scenario.checks.leaks is not None:
+            interrupts.set_stage("leak baselines")
+            snapshots.leak_baselines = read_baselines(leak_sources)
 
-            async def bounded() -> None:
-                if timeout_s is None:
-                    await phases()
-                else:
-                    await asyncio.wait_for(phases(), timeout_s)
-
+        async def phases() -> None:
+            client = CompletionClient(settings.engine_url, history=history, cache_stats=True,
+                                      logprobs=TOP_K if tolerant else None) if settings.engine_url else None
             try:
-                asyncio.run(bounded())
-            except asyncio.TimeoutError:
-                error = f"scenario deadline of {timeout_s:.0f}s passed"
+                for phase in scenario.phases:
+                    say(f"phase {phase.name}")
+                    interrupts.set_stage(f"phase {phase.name}")
+                    phases_run.append(phase.name)
+                    ctx.phase = phase.name
+                    await _run_phase(scenario, phase, nemesis, client, deadline)
             finally:
-                heal_errors = nemesis.heal_all()
-                if heal_errors:
-                    error = (error + "; " if error else "") + "; ".join(heal_errors)
-    except (KeyboardInterrupt, RunInterrupted) as exc:
-        interrupted = exc
-        error = f"interrupted ({exc or 'SIGINT'})"
+                if client is not None:
+                    await client.aclose()
+
+        async def bounded() -> None:
+            if timeout_s is None:
+                await phases()
+            else:
+                await asyncio.wait_for(phases(), timeout_s)
+
+        try:
+            asyncio.run(bounded())
+        except asyncio.TimeoutError:
+            error = f"scenario deadline of {timeout_s:.0f}s passed"
+        finally:
+            interrupts.set_stage("heal")
+            heal_errors = nemesis.heal_all()
+            if heal_errors:
+                error = (error + "; " if error else "") + "; ".join(heal_errors)
+    except KeyboardInterrupt as exc:
+        interrupted = interrupts.as_interrupt(exc)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     finally:
-        nemesis.heal_all()
-        journal.close()
-        if proxy_client is not None:
-            proxy_client.close()
+        try:
+            with interrupts.deferred():
+                nemesis.heal_all()
+                journal.close()
+                if proxy_client is not None:
+                    proxy_client.close()
+        except KeyboardInterrupt as exc:
+            interrupted = interrupted or interrupts.as_interrupt(exc)
 
-    if error is None:
-        say("quiesce")
-        if leaks_cfg is not None:
-            samples, errs, waited = poll_until_quiet(leak_sources, leaks_cfg.quiesce_s, leaks_cfg.poll_interval_s,
-                                                     history.now, baselines=snapshots.leak_baselines)
-            snapshots.leak_sources = [s.name for s in leak_sources]
-            snapshots.leak_samples, snapshots.leak_errors, snapshots.quiesce_waited_s = samples, errs, waited
-        for e in stack.exits[exits_before:] + [x for x in stack.unexpected_exits() if x not in stack.exits[:exits_before]]:
-            snap = SnapshotExit(service=e.service, time=max(0.0, e.time - started), returncode=e.returncode,
-                                killed_by_fault=e.expected)
-            if snap not in snapshots.service_exits:
-                snapshots.service_exits.append(snap)
-        if scenario.checks.recompute_equivalence is not None:
-            say("recompute oracle")
+    try:
+        if error is None and interrupted is None:
+            oracle_info = _evaluate(scenario, stack, settings, history, snapshots, exits_before, started,
+                                    leak_sources, tolerant, say)
+            checks = _checks(scenario, history, snapshots, say)
+    except KeyboardInterrupt as exc:
+        interrupted = interrupts.as_interrupt(exc)
+        checks = []  # checks cut short are no verdict
+    late: RunInterrupted | None = None
+    if checks and interrupted is None:
+        try:
+            interrupts.set_stage("diagnosis")
+            from chaos.diagnose.hook import diagnose_after_checks  # why requests failed (chaos/diagnose)
+
+            diagnose_after_checks(run_id=run_id, scenario=scenario.name, stack=stack, run_dir=run_dir,
+                                  history=history.ops, expected=snapshots.expected, checks=checks, say=say)
+        except KeyboardInterrupt as exc:  # the checks have decided: keep their verdict
+            late = interrupts.as_interrupt(exc)
+    try:
+        with interrupts.deferred():
+            interrupts.set_stage("report")
+            info = None
+            if interrupted is not None:
+                say(f"interrupted by {interrupted.describe()}: faults healed, writing the report")
+                info = InterruptInfo(signal=interrupted.signal_name, exit_code=interrupted.exit_code,
+                                     stage=interrupted.stage, phases_run=phases_run,
+                                     healed=[e.fault.id for e in nemesis.applied if e.heal_ok],
+                                     not_healed=[e.fault.id for e in nemesis.applied if not e.heal_ok])
+            result = _write(scenario, stack, run_dir, run_id, history, checks, deadline, started, t0,
+                            snapshots, oracle_info, error, info, say)
+    except KeyboardInterrupt as exc:  # held while the report was written; it is complete
+        late = late or interrupts.as_interrupt(exc)
+    finally:
+        interrupts.set_stage(None)
+    stop = interrupted or late
+    if stop is not None:
+        stop.result = result
+        raise stop
+    return result
+
+
+def _evaluate(scenario: Scenario, stack: Stack, settings, history: HistoryWriter, snapshots: Snapshots,
+              exits_before: int, started: float, say) -> dict[str, Any]:
+    """Quiesce (leak sources), service exits and the recompute oracle into ``snapshots``;
+    returns what the oracle said of itself (oracle.json; {} without the check)."""
+    say("quiesce")
+    interrupts.set_stage("quiesce")
+    leaks_cfg = scenario.checks.leaks
+    if leaks_cfg is not None:
+        samples, errs, waited = poll_until_quiet(leak_sources, leaks_cfg.quiesce_s, leaks_cfg.poll_interval_s,
+                                                 history.now, baselines=snapshots.leak_baselines)
+        snapshots.leak_sources = [s.name for s in leak_sources]
+        snapshots.leak_samples, snapshots.leak_errors, snapshots.quiesce_waited_s = samples, errs, waited
+    for e in stack.exits[exits_before:] + [x for x in stack.unexpected_exits() if x not in stack.exits[:exits_before]]:
+        snap = SnapshotExit(service=e.service, time=max(0.0, e.time - started), returncode=e.returncode,
+                            killed_by_fault=e.expected)
+        if snap not in snapshots.service_exits:
+            snapshots.service_exits.append(snap)
+    if scenario.checks.recompute_equivalence is None:
+        return {}
+    say("recompute oracle")
+    interrupts.set_stage("recompute oracle")
+    try:
+        oracle = RecomputeOracle(settings.recompute_url)
+        if tolerant:
+            snapshots.expected, snapshots.expected_top_logprobs = oracle.expected_with_logprobs(history.ops)
+        else:
+            snapshots.expected = oracle.expected_for(history.ops)
+        info = {"fingerprint": oracle.fingerprint, "stored": oracle.hits, "asked": oracle.misses}
+        if tolerant:
+            say("noise floor (recompute twin asked again)")
             try:
-                oracle = RecomputeOracle(settings.recompute_url)
-                if tolerant:
-                    snapshots.expected, snapshots.expected_top_logprobs = oracle.expected_with_logprobs(history.ops)
-                else:
-                    snapshots.expected = oracle.expected_for(history.ops)
-                oracle_info = {"fingerprint": oracle.fingerprint, "stored": oracle.hits, "asked": oracle.misses}
-                if tolerant:
-                    say("noise floor (recompute twin asked again)")
-                    try:
-                        snapshots.recompute_replay, snapshots.recompute_replay_top_logprobs = \
-                            oracle.replay(history.ops, concurrency=1)
-                        oracle_info["replayed"] = len(snapshots.recompute_replay)
-                    except OracleError as exc:
-                        snapshots.recompute_replay_error = str(exc)
-                oracle.close()
+                snapshots.recompute_replay, snapshots.recompute_replay_top_logprobs = \
+                    oracle.replay(history.ops, concurrency=1)
+                info["replayed"] = len(snapshots.recompute_replay)
             except OracleError as exc:
-                oracle_info = {"error": str(exc)}
-        say("checks")
-        checks = run_checks(history.ops, snapshots,
-                            {name: getattr(scenario.checks, name) for name in scenario.checks.enabled()})
-        from chaos.diagnose.hook import diagnose_after_checks  # why requests failed (chaos/diagnose)
+                snapshots.recompute_replay_error = str(exc)
+        oracle.close()
+    except OracleError as exc:
+        info = {"error": str(exc)}
+    return info
 
-        diagnose_after_checks(run_id=run_id, scenario=scenario.name, stack=stack, run_dir=run_dir,
-                              history=history.ops, expected=snapshots.expected, checks=checks, say=say)
+
+def _checks(scenario: Scenario, history: HistoryWriter, snapshots: Snapshots, say) -> list[CheckResult]:
+    say("checks")
+    interrupts.set_stage("checks")
+    return run_checks(history.ops, snapshots,
+                      {name: getattr(scenario.checks, name) for name in scenario.checks.enabled()})
+
+
+def _write(scenario: Scenario, stack: Stack, run_dir: Path, run_id: str, history: HistoryWriter,
+           checks: list[CheckResult], deadline: float, started: float, t0: float, snapshots: Snapshots,
+           oracle_info: dict, error: str | None, info: InterruptInfo | None, say) -> RunResult:
+    """Build the result and write the report (result.json, history, junit, html, logs)."""
     history.close()
     durations = {"total_s": time.monotonic() - t0}
     result = build_result(
@@ -352,7 +410,8 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
         description=scenario.description, scenario_path=str(scenario.source) if scenario.source else None,
         stack=str(stack.spec.path), started_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         deadline_s=deadline, xfail=scenario.xfail, durations=durations,
-        service_exits=snapshots.service_exits, engine_bugs=scenario.engine.bugs, error=error)
+        service_exits=snapshots.service_exits, engine_bugs=scenario.engine.bugs, error=error,
+        chunk_size=stack.settings.chunk_size or 256, interrupted=info)
     try:
         stack.collect_logs(run_dir / "logs")
     except OSError as exc:  # a missing log must not lose the report
@@ -361,6 +420,4 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
     (run_dir / "snapshots.json").write_text(snapshots.model_dump_json(indent=2))
     if oracle_info:
         (run_dir / "oracle.json").write_text(json.dumps(oracle_info, indent=2))
-    if interrupted is not None:
-        raise interrupted
     return result

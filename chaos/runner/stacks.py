@@ -20,34 +20,23 @@ changed restarted; the rest of the stack stays up.
 from __future__ import annotations
 
 import shutil
-import signal
-import threading
 from contextlib import contextmanager
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
+from chaos import interrupts
 from chaos.stack.base import Stack, StackError, new_run_id
 
 
 @contextmanager
 def interrupts_deferred():
-    """Inside the block, SIGINT and SIGTERM are recorded instead of raising (main thread
-    only); the first one recorded is raised as KeyboardInterrupt when the block ends."""
-    if threading.current_thread() is not threading.main_thread():
+    """Inside the block, SIGINT and SIGTERM are held (main thread only); the first one held is
+    raised as RunInterrupted (a KeyboardInterrupt) "during teardown" when the block ends, unless
+    one was raised already (chaos/interrupts.py)."""
+    with interrupts.stage("teardown"), interrupts.deferred():
         yield
-        return
-    got: list[int] = []
-    old = {sig: signal.signal(sig, lambda signum, _frame: got.append(signum))
-           for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    if got:
-        raise KeyboardInterrupt(f"signal {signal.Signals(got[0]).name} during teardown")
 
 
 def make_stack(stack_file: Path, backend: str, run_dir: Path, environ: dict[str, str] | None = None) -> Stack:
@@ -140,7 +129,9 @@ class StackPool:
         see :meth:`chaos.scenario.model.EngineOptions.stack_variables`), clean.
 
         Raises:
-            ConfigError: invalid stack file; StackError: it did not start or reset.
+            ConfigError: invalid stack file; StackError: it did not start or reset;
+            RunInterrupted: a signal came meanwhile (the stack is known to the pool, so
+            :meth:`close` brings down whatever of it started).
         """
         import os
 
@@ -153,11 +144,13 @@ class StackPool:
             say(f"starting stack {key.name} ({self.backend})")
             self._stacks[key] = stack
             self._variables[key] = variables
+            interrupts.set_stage("stack start-up")
             self._up_or_forget(key, stack)
             self._used.add(key)
             return stack
         if key in self._dirty:
             say(f"restarting stack {key.name}: the previous scenario disrupted it")
+            interrupts.set_stage("stack restart")
             self._dirty.discard(key)
             stack.down()
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
@@ -169,11 +162,13 @@ class StackPool:
             changed = {k: v for k, v in variables.items() if self._variables[key].get(k) != v}
             # A variable the previous scenario set and this one does not goes back to its default.
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
+            interrupts.set_stage("stack restart")
             restarted = stack.reconfigure({**unset, **variables})
             say(f"stack variables {changed or unset}: restarted {', '.join(restarted) or 'nothing'}")
             self._variables[key] = variables
         if key in self._used:
             say("resetting the stack")
+            interrupts.set_stage("stack reset")
             reset_stack(stack, say)
         self._used.add(key)
         return stack

@@ -4,8 +4,9 @@ The lead's chaos/cli.py wires these as top-level commands, e.g.
 ``app.command("validate")(validate)``; ``app`` here is a standalone Typer app with the same
 three commands (used by the tests).
 
-Exit codes: 0 valid, 2 a scenario (or the stack file it names) is invalid, or (``--stack``)
-a scenario needs a capability that stack does not offer.
+Exit codes: 0 valid (warnings may be printed), 2 a scenario (or the stack file it names) is
+invalid, a path names no scenario at all, or (``--stack``) a scenario needs a capability that
+stack does not offer.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from chaos.scenario.loader import discover_scenarios, load_scenario, validate_against_stack
+from chaos.scenario.loader import check_scenario, discover_scenarios, load_scenario, validate_against_stack
 from chaos.scenario.model import Scenario
-from chaos.yamlsource import ConfigError
+from chaos.yamlsource import ConfigError, display_path
 
 __all__ = ["app", "validate", "schema", "list_scenarios", "findings", "stack_names", "schema_text", "DEFAULT_SCHEMA_PATH"]
 
@@ -41,18 +42,6 @@ def stack_names(stack_file: Path) -> tuple[set[str], set[str]]:
     return set(spec.settings.links), set(spec.services)
 
 
-def _check_one(path: Path, stack: Path | None = None) -> Scenario:
-    from chaos.stack.spec import load_stack  # the stack layer; imported when needed
-
-    scenario = load_scenario(path)
-    if stack is not None:
-        scenario.stack = stack.resolve()
-    spec = load_stack(scenario.stack, allocate_ports=False, require_commands=False)
-    validate_against_stack(scenario, set(spec.settings.links), set(spec.services),
-                           capabilities=spec.capabilities(), stack_name=str(stack or scenario.stack))
-    return scenario
-
-
 StackOption = Annotated[
     Path | None,
     typer.Option("--stack", help="check the scenarios against this stack file instead of their own "
@@ -64,11 +53,14 @@ def validate(
     files: Annotated[list[Path], typer.Argument(help="scenario files or folders of them")],
     stack: StackOption = None,
 ) -> None:
-    """Validate scenario files (keys, values, the stack file, links and services named by
-    faults, the capabilities they need from the stack).
+    """Validate scenario files (keys, values, names between parts, the stack file, the links and
+    services faults name, what checks need of the stack, the capabilities they need from it).
 
-    Prints ``file: ok`` or one ``file:line: field: message`` line per problem. Exits 2 when any
-    file is invalid or (``--stack``) needs what that stack does not offer.
+    Prints ``file: ok`` or one ``file:line: field: message`` line per problem, every problem of
+    a file in one pass; ``warning: file:line: ...`` for likely mistakes that do not stop a run
+    (a hook without evidence, a file named differently from its ``name``). Exits 2 when any file
+    is invalid, a path holds no scenario file, or (``--stack``) a scenario needs what that stack
+    does not offer.
     """
     if stack is not None:
         try:
@@ -84,14 +76,20 @@ def validate(
             typer.echo(str(exc), err=True)
             bad += 1
             continue
+        if not paths:
+            typer.echo(f"{display_path(root)}: no scenario files (*.yaml, *.yml other than stack files) here",
+                       err=True)
+            bad += 1
+            continue
         for path in paths:
-            try:
-                _check_one(path, stack)
-            except ConfigError as exc:
-                typer.echo(str(exc), err=True)
-                bad += 1
+            check = check_scenario(path, stack=stack)
+            for line in check.warning_lines():
+                typer.echo(f"warning: {line}", err=True)
+            if check.ok:
+                typer.echo(f"{display_path(path)}: ok")
             else:
-                typer.echo(f"{path}: ok")
+                typer.echo(str(check.error()), err=True)
+                bad += 1
     if bad:
         raise typer.Exit(2)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic_core import PydanticCustomError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,7 +31,16 @@ from chaos.workload.spec import WorkloadSpec
 if TYPE_CHECKING:
     from chaos.yamlsource import Locator
 
-__all__ = ["Scenario", "Phase", "EngineOptions", "Xfail", "FaultSpec", "SLUG_PATTERN"]
+__all__ = ["Scenario", "Phase", "EngineOptions", "Xfail", "FaultSpec", "SLUG_PATTERN", "REFERENCE_ERROR"]
+
+#: pydantic error type of the checks between parts of a scenario (duplicate names, unknown
+#: phase references). chaos/scenario/loader.py runs the same checks on the file's data with the
+#: line of each name, so it drops these from pydantic's answer.
+REFERENCE_ERROR = "scenario_reference"
+
+
+def _reference_error(message: str) -> PydanticCustomError:
+    return PydanticCustomError(REFERENCE_ERROR, "{message}", {"message": message})
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 
@@ -141,8 +151,13 @@ class Scenario(_Strict):
         source = ctx.get("source")
         base = Path(source).parent if source is not None else Path.cwd()
         resolved = v if v.is_absolute() else base / v
-        if ctx.get("check_paths", True) and not resolved.is_file():
-            raise ValueError(f"stack file not found: {resolved} (relative to the scenario file)")
+        if ctx.get("check_paths", True):
+            from chaos.yamlsource import display_path, path_problem
+
+            problem = path_problem(resolved)
+            if problem is not None:
+                raise ValueError(f"stack file {display_path(resolved)}: {problem}"
+                                 + (" (relative to the scenario file)" if not v.is_absolute() else ""))
         return resolved
 
     @field_validator("checks", mode="before")
@@ -156,7 +171,7 @@ class Scenario(_Strict):
         seen_phases: set[str] = set()
         for phase in phases:
             if phase.name in seen_phases:
-                raise ValueError(f"phase name {phase.name!r} is used twice")
+                raise _reference_error(f"phase name {phase.name!r} is used twice")
             seen_phases.add(phase.name)
         index = 0
         seen: dict[str, str] = {}
@@ -165,7 +180,7 @@ class Scenario(_Strict):
                 if fault.name is None:
                     fault.name = f"{fault.kind}-{index}"
                 if fault.name in seen:
-                    raise ValueError(
+                    raise _reference_error(
                         f"fault name {fault.name!r} is used twice (phases {seen[fault.name]!r} "
                         f"and {phase.name!r}); give each fault a distinct `name`"
                     )
@@ -180,15 +195,16 @@ class Scenario(_Strict):
             names = [p.name for p in self.phases]
             unknown = [n for n in hr.phases if n not in names]
             if unknown:
-                raise ValueError(f"checks.hit_recovery.phases names unknown phase(s) {unknown}; "
-                                 f"the scenario has {names}")
+                raise _reference_error(f"checks.hit_recovery.phases names unknown phase(s) {unknown}; "
+                                       f"the scenario has {names}")
         for check in ("hit_quality", "slo"):
             cfg = getattr(self.checks, check)
             if cfg is not None:
                 names = [p.name for p in self.phases]
                 unknown = [n for n in cfg.phase_refs() if n not in names]
                 if unknown:
-                    raise ValueError(f"checks.{check} names unknown phase(s) {unknown}; the scenario has {names}")
+                    raise _reference_error(f"checks.{check} names unknown phase(s) {unknown}; "
+                                           f"the scenario has {names}")
         return self
 
     @field_validator("variables")

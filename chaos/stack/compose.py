@@ -59,6 +59,7 @@ from docker.models.containers import Container
 from docker.utils.build import exclude_paths
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from chaos import interrupts
 from chaos.journal import Journal
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import TELEMETRY_OFF
@@ -718,6 +719,8 @@ class ComposeStack(Stack):
         Raises:
             StackError: the container is gone or has exited.
         """
+        if interrupts.startup_interrupted():  # the stack goes down: stop waiting (worker threads)
+            raise StackError(f"start-up of {service!r} interrupted", service)
         c = self.container(service)
         c.reload()
         state = c.attrs.get("State", {})

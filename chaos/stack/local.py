@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from chaos import interrupts
 from chaos.journal import Journal
 from chaos.proxy.real import MissingToxiproxy, asks_for_real, find_binary
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
@@ -270,8 +271,9 @@ class LocalStack(Stack):
                           "(run as root, or use --backend compose)\n")
             return
         self.journal.add("mount", str(path), path=str(path))
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={s.l2_fs_size}", "kvchaos-l2", str(path)],
-                           capture_output=True, text=True)
+        with interrupts.deferred():  # a mount(8) cut short may still mount after down() looked
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={s.l2_fs_size}", "kvchaos-l2", str(path)],
+                               capture_output=True, text=True)
         if r.returncode != 0:
             self.journal.remove("mount", str(path))
             raise StackError(f"could not mount a {s.l2_fs_size} tmpfs at {path}: {r.stderr.strip()}")
@@ -325,7 +327,8 @@ class LocalStack(Stack):
         log_path = self.log_dir / f"{name}.log"
         cwd = svc.working_dir or str(Path(self.spec.path).resolve().parent)
         env = service_environment(svc.env(), base=self.env)
-        with open(log_path, "ab") as log:
+        # Signals held from the fork until the process is journalled and known to down().
+        with interrupts.deferred(), open(log_path, "ab") as log:
             log.write(f"\n=== kvchaos: starting {name}: {argv} at {time.strftime('%H:%M:%S')} ===\n".encode())
             log.flush()
             try:
@@ -333,15 +336,15 @@ class LocalStack(Stack):
                                          stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 raise StackError(f"service {name!r} did not start: {exc}", name) from exc
-        try:
-            ctime = psutil.Process(popen.pid).create_time()
-        except psutil.NoSuchProcess:
-            ctime = time.time()
-        proc = _Proc(name, popen.pid, popen.pid, ctime, log_path, popen=popen)
-        self.journal.add("process", f"{name}:{popen.pid}", pid=popen.pid, pgid=popen.pid,
-                         create_time=ctime, service=name)
-        with self._lock:
-            self._procs[name] = proc
+            try:
+                ctime = psutil.Process(popen.pid).create_time()
+            except psutil.NoSuchProcess:
+                ctime = time.time()
+            proc = _Proc(name, popen.pid, popen.pid, ctime, log_path, popen=popen)
+            self.journal.add("process", f"{name}:{popen.pid}", pid=popen.pid, pgid=popen.pid,
+                             create_time=ctime, service=name)
+            with self._lock:
+                self._procs[name] = proc
         return proc
 
     # --- identity: the process that answers is the one this stack started ------------------
@@ -399,6 +402,8 @@ class LocalStack(Stack):
                          log_tail(self.log_dir / f"{name}.log"))
 
     def _probe_once(self, name: str) -> bool:
+        if interrupts.startup_interrupted():  # the stack goes down: stop waiting (worker threads)
+            raise StackError(f"start-up of {name!r} interrupted", name)
         proc = self._procs.get(name)
         if proc is None or not proc.alive():
             rc = proc.returncode if proc else None

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chaos.prometheus import check_selectors, parse_selector
 from chaos.stack.capabilities import CAPABILITIES, DERIVED, VARIABLE_PREFIX, variable_need
 from chaos.stack.interpolate import InterpolationError, defaults_in, interpolate_data, variables_in
-from chaos.yamlsource import ConfigError, Locator, config_error_from_validation, format_path, load_yaml
+from chaos.yamlsource import (ConfigError, Locator, config_error_from_validation, format_path, kind_of,
+                              load_yaml)
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*"
                        r"(?:(\d+(?:\.\d+)?)s)?\s*(?:(\d+(?:\.\d+)?)ms)?\s*"
@@ -574,8 +575,11 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
     path = Path(path)
     name = str(path)
     raw, locator = load_yaml(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(name, locator.line_of(()), None, "a stack file is a mapping with 'services'")
+    if not isinstance(raw, dict) or "services" not in raw:
+        # Said without quoting the file: a scenario's `stack:` may name any file on the host.
+        found = "a mapping without `services:`" if isinstance(raw, dict) else kind_of(raw)
+        raise ConfigError(name, locator.line_of(()), None, "not a stack file: expected a compose-format "
+                          f"mapping with `services:` (and `x-kvchaos:`), found {found}")
     env = resolve_variables(raw, environ=environ, run_dir=run_dir, allocate_ports=allocate_ports)
     problems: list[ConfigError] = []
 

@@ -9,7 +9,8 @@ from kvchaos_support import local_stack
 
 
 def lines(j: Journal) -> list[dict]:
-    return [json.loads(x) for x in j.path.read_text().splitlines()]
+    """The journal's entries (not the owner lines)."""
+    return [e for e in (json.loads(x) for x in j.path.read_text().splitlines()) if e["op"] != "owner"]
 
 
 def test_open_entries_are_added_and_not_removed(tmp_path):

@@ -13,6 +13,7 @@ x-kvchaos:
     lmcache-redis: {listen: "127.0.0.1:16379", upstream: "127.0.0.1:6379"}
   leak_sources:
     - {name: lmcache, url: "http://127.0.0.1:18080/status", fields: {active_sessions: active_sessions}}
+  engine_url: "http://127.0.0.1:18100"
 """
 
 GOOD = """\

@@ -1,8 +1,20 @@
-"""The scenario loader raises ConfigError for any bad input, never another exception."""
+"""Fuzzing the file formats: no input gives anything but exit 0 or exit 2 with file:line.
+
+- the loader on mutations of a small sample (ConfigError, never another exception);
+- `kvchaos validate` on hypothesis mutations of every shipped scenario and stack file (text
+  edits, YAML tokens, alias bombs and cycles, deep nesting, changed values and keys, hostile
+  ``stack:`` paths, a canary file that must never be printed): the rule of tests/fuzzing.py, each
+  case under 5 s, and the process's peak memory growing by less than 200 MB over all of them.
+  CI size: FUZZ_SCENARIO_CASES + FUZZ_STACK_CASES (1,500 + 500; about 2 minutes on 2 cores);
+  the acceptance size in separate processes: scripts/fuzz_validate.py (`make fuzz`).
+"""
 
 from __future__ import annotations
 
 import copy
+import os
+import resource
+import shutil
 from pathlib import Path
 
 import yaml
@@ -12,10 +24,15 @@ from hypothesis import strategies as st
 from chaos.scenario.loader import load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
+from fuzzing import problems_with, scenario_case, stack_case, validate_in_process
 
 from .samples import GOOD, STACK
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SCENARIO_CASES = int(os.environ.get("FUZZ_SCENARIO_CASES", "1500"))
+STACK_CASES = int(os.environ.get("FUZZ_STACK_CASES", "500"))
+CASE_SECONDS = 5.0
+GROWTH_KIB = 200 * 1024
 
 scalars = st.one_of(
     st.none(),
@@ -99,3 +116,37 @@ def test_mutated_text(tmp_path, pos, junk, cut):
 def test_arbitrary_text(tmp_path, text):
     text = text.encode("utf-8", "replace").decode("utf-8", "replace")
     _check(_write(tmp_path, text), text.count("\n") + 1)
+
+
+# --- `kvchaos validate` on mutated shipped files -------------------------------------------
+_BASELINE_KIB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+SHIPPED = settings(deadline=None, database=None, derandomize=True, print_blob=True,
+                   suppress_health_check=list(HealthCheck))
+
+
+def _fresh(tmp_path: Path) -> Path:
+    work = tmp_path / "case"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    return work
+
+
+def _validate(case) -> None:
+    out = validate_in_process(case)
+    bad = problems_with(case, out.exit_code, out.output)
+    assert not bad, (bad, out.output[-3000:])
+    assert out.seconds < CASE_SECONDS, f"took {out.seconds:.1f}s"
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - _BASELINE_KIB
+    assert grown < GROWTH_KIB, f"peak memory grew by {grown / 1024:.0f} MiB"
+
+
+@settings(SHIPPED, max_examples=SCENARIO_CASES)
+@given(data=st.data())
+def test_validate_mutated_shipped_scenarios(tmp_path, data):
+    _validate(data.draw(scenario_case(_fresh(tmp_path))))
+
+
+@settings(SHIPPED, max_examples=STACK_CASES)
+@given(data=st.data())
+def test_validate_mutated_shipped_stack_files(tmp_path, data):
+    _validate(data.draw(stack_case(_fresh(tmp_path))))

@@ -82,7 +82,7 @@ def test_until_end(write):
 def test_missing_stack_file(write, scenario_dir):
     (scenario_dir / "stack.yml").unlink()
     e = _error(write, GOOD)
-    assert (e.line, e.field) == (3, "stack") and "stack file not found" in e.message
+    assert (e.line, e.field) == (3, "stack") and "stack.yml: file not found" in e.message
     assert load_scenario(write(GOOD), check_paths=False).stack.name == "stack.yml"
 
 
@@ -91,7 +91,7 @@ def test_missing_stack_file(write, scenario_dir):
     [
         ("name: lookup-stall", "name: Lookup Stall", "name", "pattern"),
         ("seed: 7", "seed: seven", "seed", "integer"),
-        ("  - name: warm\n", "  - name: stall\n", "phases", "used twice"),
+        ("  - name: warm\n", "  - name: stall\n", "phases[1].name", "used twice (first at line 10)"),
         ("        start: 500ms\n", "        toxicity: 1.5\n        start: 500ms\n",
          "phases[1].faults[0].toxicity", "less than or equal to 1"),
         ("        link: engine-lmcache\n", "        link: engine-lmcache\n        stream: sideways\n",
@@ -122,7 +122,8 @@ def test_missing_required_keys(write):
     e = _error(write, "name: x\nstack: stack.yml\n")
     assert {p.split(": ")[1] for p in e.problems} == {"phases", "checks"}
     e = _error(write, "- a list\n")
-    assert e.line == 1 and "dictionary" in e.message
+    assert e.line == 1 and e.message == ("not a scenario file: expected a mapping with name, stack, phases "
+                                         "and checks, found a list")
 
 
 def test_fault_names_default_and_must_be_unique(write):

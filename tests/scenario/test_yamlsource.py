@@ -86,10 +86,17 @@ def test_control_character_is_a_config_error():
         load_yaml_text("a: \x07")
 
 
-def test_recursive_alias_does_not_hang():
-    data, loc = load_yaml_text("- &a [*a]\n")
-    assert data[0][0] is data[0]
-    assert loc.line_of((0, 0, 0, 0)) == 1
+@pytest.mark.parametrize("text, line", [
+    ("- &a [*a]\n", 1),
+    ("a: &x\n  b:\n    c: *x\n", 3),
+    # The input that showed it: compose/reference.yml without its `services:` line puts every
+    # service under the anchored x-telemetry-off mapping, whose aliases then point into it.
+    ("x-env: &env\n  A: '1'\n  svc:\n    environment: *env\n", 4),
+])
+def test_a_cyclic_alias_is_an_error_at_the_alias(text, line):
+    with pytest.raises(ConfigError, match=r"refers to the node that contains it \(a cycle\)") as ei:
+        load_yaml_text(text, display="f.yaml")
+    assert ei.value.line == line
 
 
 def test_empty_document():

@@ -1,0 +1,225 @@
+"""SIGINT and SIGTERM during a run: one RunInterrupted, raised once, where it is safe.
+
+    command start ── handling() installs one handler for SIGINT and SIGTERM (main thread)
+       │  1st signal ─> RunInterrupted(signum, stage) raised in the main thread, so every
+       │                ``finally`` heals, stops stacks and writes the report on the way out
+       │                (held inside deferred(): raised when the block ends)
+       │  later signals ─> recorded, never raised: the teardown they would cut short is what
+       │                   keeps faults, processes and mounts from being left behind
+    command end ──── the previous handlers come back
+
+``deferred()`` marks the few steps an exception must not split: a process started but not yet
+recorded, a heal half done, a report half written, the stacks going down. Without
+``handling()`` around it (library use, tests), ``deferred()`` installs the handler for its own
+duration, so a signal in it is still held and raised at its end.
+
+Exit codes follow the shell's convention: 128 + the signal number (130 SIGINT, 143 SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["RunInterrupted", "handling", "deferred", "stage", "set_stage", "current_stage", "pending",
+           "as_interrupt", "startup_interrupted", "exit_on_signal", "SIGNALS", "STARTUP_STAGES"]
+
+#: The signals a run turns into RunInterrupted.
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived during a run (a KeyboardInterrupt, so code that already stops
+    on Ctrl-C stops on SIGTERM too).
+
+    Attributes:
+        signum: the signal number; ``signal_name`` its name ("SIGTERM").
+        stage: what the run was doing when it arrived ("stack start-up", "phase warm", ...).
+        exit_code: 128 + signum (130 SIGINT, 143 SIGTERM).
+        result: the interrupted scenario's RunResult once the runner wrote it (else None).
+        results: every RunResult of the suite it stopped (set by chaos.runner.suite).
+        suite_dir: the suite's report folder once it was written (else None).
+    """
+
+    def __init__(self, signum: int = signal.SIGINT, stage: str | None = None) -> None:
+        self.signum = int(signum)
+        self.stage = stage
+        self.result: Any = None
+        self.results: list[Any] = []
+        self.suite_dir: Any = None
+        super().__init__(self.describe())
+
+    @property
+    def signal_name(self) -> str:
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def describe(self) -> str:
+        """``"SIGTERM during phase warm"``."""
+        return self.signal_name + (f" during {self.stage}" if self.stage else "")
+
+    def __reduce__(self):  # pickling (pytest-xdist) keeps signal and stage
+        return (RunInterrupted, (self.signum, self.stage))
+
+
+class _State:
+    """Process-wide (the handler runs in the main thread only)."""
+
+    def __init__(self) -> None:
+        self.installed = 0  # nesting of handling()
+        self.old: dict[int, Any] = {}
+        self.received: list[int] = []
+        self.raised = False
+        self.held = 0  # nesting of deferred()
+        self.stage: str | None = None
+
+
+_state = _State()
+
+
+def _main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _handler(signum: int, _frame: object) -> None:
+    st = _state
+    st.received.append(signum)
+    if st.raised or st.held:
+        if st.raised and len(st.received) > 1:
+            _say(f"kvchaos: {signal.Signals(signum).name} received; still healing faults and stopping the "
+                 "stacks (SIGKILL skips that; then run `kvchaos cleanup`)\n")
+        return
+    st.raised = True
+    raise RunInterrupted(signum, st.stage)
+
+
+def _say(text: str) -> None:
+    try:
+        os.write(2, text.encode())  # not print(): a signal handler may interrupt a print
+    except OSError:
+        pass
+
+
+@contextmanager
+def handling() -> Iterator[None]:
+    """Inside the block (main thread), the first SIGINT or SIGTERM raises RunInterrupted; later
+    ones are recorded only. A signal ignored (SIG_IGN) when the outermost block starts stays
+    ignored. Nested blocks share the outermost's state; outside the main thread this does
+    nothing."""
+    if not _main():
+        yield
+        return
+    st = _state
+    if st.installed == 0:
+        st.received.clear()
+        st.raised = False
+        # A signal the parent set to be ignored stays ignored (a job started with `&` by a
+        # non-interactive shell ignores SIGINT; Python itself keeps that too).
+        st.old = {sig: signal.signal(sig, _handler) for sig in SIGNALS
+                  if signal.getsignal(sig) is not signal.SIG_IGN}
+    st.installed += 1
+    try:
+        yield
+    finally:
+        st.installed -= 1
+        if st.installed == 0:
+            for sig, old in st.old.items():
+                signal.signal(sig, old)
+            st.old = {}
+            st.held = 0
+            st.stage = None
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Inside the block (main thread), SIGINT and SIGTERM are held; the first one, unless a
+    RunInterrupted was raised already, is raised as RunInterrupted when the block ends (also
+    when it ends by another exception: that one is then chained as its context). Outside the
+    main thread this does nothing (signals interrupt the main thread only)."""
+    if not _main():
+        yield
+        return
+    with handling():
+        st = _state
+        before = len(st.received)
+        st.held += 1
+        try:
+            yield
+        finally:
+            st.held -= 1
+            if not st.held and not st.raised and len(st.received) > before:
+                st.raised = True
+                raise RunInterrupted(st.received[before], st.stage)
+
+
+def _exit_now(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_signal() -> None:
+    """From now on (main thread), SIGINT or SIGTERM ends the process with 128 + the signal at
+    once: for a command whose run is over (report written, stacks down) and that only has to
+    exit, so a signal in its last instants still gives 130 / 143. Ignored signals stay ignored."""
+    if not _main():
+        return
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _exit_now)
+
+
+def set_stage(name: str | None) -> str | None:
+    """Name what the run does now (shown in RunInterrupted); returns the previous name."""
+    old, _state.stage = _state.stage, name
+    return old
+
+
+def current_stage() -> str | None:
+    """What :func:`set_stage` last named (None outside a run)."""
+    return _state.stage
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """:func:`set_stage` for the block; the previous stage comes back after it."""
+    old = set_stage(name)
+    try:
+        yield
+    finally:
+        set_stage(old)
+
+
+#: Stages whose waits (health checks in worker threads) end once a signal came: a stack that
+#: is starting is brought down anyway. (A heal that restarts a service still waits for it.)
+STARTUP_STAGES = ("stack start-up", "stack restart")
+
+
+def pending() -> int | None:
+    """The first signal received inside :func:`handling` (any thread may ask), else None."""
+    got = _state.received
+    return got[0] if got and _state.installed else None
+
+
+def startup_interrupted() -> bool:
+    """True once a signal came while a stack starts (:data:`STARTUP_STAGES`): health-check
+    waits in worker threads end, so the stack goes down at once."""
+    return pending() is not None and _state.stage in STARTUP_STAGES
+
+
+def as_interrupt(exc: BaseException) -> RunInterrupted:
+    """``exc`` as a RunInterrupted: itself, or a plain KeyboardInterrupt (Python's own SIGINT
+    handler, outside :func:`handling`) as SIGINT at the current stage."""
+    if isinstance(exc, RunInterrupted):
+        return exc
+    out = RunInterrupted(signal.SIGINT, _state.stage)
+    out.__cause__ = exc
+    return out

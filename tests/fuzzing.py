@@ -1,0 +1,369 @@
+"""Mutations of the shipped scenario and stack files, and the rule every `kvchaos validate`
+outcome must follow. Shared by tests/scenario/test_fuzz.py (CI size, in-process) and
+scripts/fuzz_validate.py (acceptance size, each case in its own forked `kvchaos validate`
+process with a time and memory bound).
+
+The rule: exit 0, or exit 2 where every error line names one of the case's files and a line
+(``file:line: ...``), or names a file and a reason that concerns the whole file (not found, a
+folder, too large, not a scenario file, ...); never a traceback, never another exit code, never
+the text of a file named by ``stack:`` (a canary file checks that).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import resource
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from hypothesis import strategies as st
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+STACKS = sorted((REPO / "compose").glob("*.yml"))
+CANARY = "kvchaos-fuzz-canary-7Hq2"
+
+#: Messages that may name a file without a line: they concern the whole file or path.
+WHOLE_FILE = re.compile(
+    r"(file not found|no such file or folder|is a directory|not a regular file|not a file or folder|"
+    r"file too large|text too large|cannot read|permission denied|too many levels of symbolic links|"
+    r"not found \(a component|the path contains a NUL byte|the path is longer than|a path component is "
+    r"longer than|not a usable path|no scenario files|more than \d+ files and folders|"
+    r"not a scenario file|not a stack file|YAML)")
+
+
+def _lines_of(text: str) -> list[str]:
+    return text.splitlines(keepends=True) or [""]
+
+
+# --- mutation operators (each: text -> text) -----------------------------------------------
+TOKENS = [":", ": ", "- ", "-", "[", "]", "{", "}", ",", "&a ", "*a", "*b", "&b ", "<<: ", "<<: *a",
+          "!!python/object:os.system ", "!!binary ", "!!set ", "!!omap ", "? ", "|", ">", '"', "'", "\t",
+          "#", "\n", "  ", "    ", "%YAML 1.1\n", "---\n", "...\n", "~", "null", "true", "1e999", "-0",
+          "0x1F", "2024-02-30", "12:30:00", ".inf", ".nan", "\\", "\u00e9", "\u200b", "\x00", "\x07",
+          "\ufeff", "9" * 40, "x" * 300, "${ENGINE_PORT}", "${UNSET_VAR:?boom}", "$${X}", "${", "}"]
+
+HOSTILE_PATHS = ["/etc/shadow", "/etc/passwd", "/etc", "/dev/zero", "/dev/null", "/proc/self/environ",
+                 "/proc/self/mem", ".", "..", "", "~", "b" * 300 + ".yml", "/a" * 2100, '"x\\0y.yml"',
+                 "missing.yml", "compose", "../scenarios", "stack.yml/x.yml", "/nonexistent/dir/s.yml"]
+
+
+def bomb(levels: int, width: int) -> str:
+    lines = ["b0: &b0 [" + ", ".join(['"lol"'] * width) + "]"]
+    lines += [f"b{i}: &b{i} [" + ", ".join([f"*b{i - 1}"] * width) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def text_mutation(draw, text: str) -> str:
+    lines = _lines_of(text)
+    op = draw(st.sampled_from(["insert", "delete", "dup_line", "swap", "indent", "replace_line", "truncate",
+                               "bomb", "cycle", "deep", "tokens"]))
+    pos = draw(st.integers(0, len(text)))
+    i = draw(st.integers(0, len(lines) - 1))
+    if op == "insert":
+        return text[:pos] + draw(st.text(max_size=12)) + text[pos:]
+    if op == "tokens":
+        junk = "".join(draw(st.lists(st.sampled_from(TOKENS), min_size=1, max_size=4)))
+        return text[:pos] + junk + text[pos:]
+    if op == "delete":
+        return text[:pos] + text[pos + draw(st.integers(1, 40)):]
+    if op == "dup_line":
+        return "".join(lines[: i + 1] + [lines[i]] * draw(st.integers(1, 3)) + lines[i + 1:])
+    if op == "swap":
+        j = draw(st.integers(0, len(lines) - 1))
+        lines[i], lines[j] = lines[j], lines[i]
+        return "".join(lines)
+    if op == "indent":
+        k = draw(st.integers(-4, 4))
+        lines[i] = (" " * k + lines[i]) if k > 0 else lines[i][min(-k, len(lines[i]) - len(lines[i].lstrip(" "))):]
+        return "".join(lines)
+    if op == "replace_line":
+        lines[i] = draw(st.text(max_size=30)) + "\n"
+        return "".join(lines)
+    if op == "truncate":
+        return text[:pos]
+    if op == "bomb":
+        return text + "x-bomb:\n" + "".join("  " + ln + "\n" for ln in bomb(draw(st.integers(3, 9)),
+                                                                         draw(st.integers(2, 12))).splitlines())
+    if op == "cycle":
+        return text.replace("\n", "\n  loop: &cyc [*cyc]\n", 1) if draw(st.booleans()) else \
+            "x-c: &c\n  a: 1\n  b:\n    c: *c\n" + text
+    # deep
+    depth = draw(st.integers(30, 3000))
+    return text[:pos] + "[" * depth + "]" * depth + text[pos:]
+
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12), st.sampled_from(["-3s", "1m30s", "500ms", "end", "0", "latency", "kill", "hook",
+                                           "engine-lmcache", "redis", "1e999", "2024-02-30", "x" * 300]))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                      max_leaves=10)
+KEYS = ["kind", "link", "service", "start", "duration", "until", "name", "stream", "toxicity", "latency_ms",
+        "requests", "faults", "phases", "checks", "workload", "tenants", "evidence", "stack", "services",
+        "x-kvchaos", "command", "healthcheck", "depends_on", "environment", "links", "proxy", "bogus"]
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, prefix + (i,))
+
+
+@st.composite
+def data_mutation(draw, text: str) -> str:
+    """Parse (with the bounded loader: an earlier mutation may have made a bomb or a cycle),
+    change one place (set, delete, add a key, rename a key), dump."""
+    from chaos.yamlsource import ConfigError, load_yaml_text
+
+    try:
+        data, _ = load_yaml_text(text)
+    except ConfigError:
+        return text
+    paths = [p for p in _paths(data) if p]
+    if not paths:
+        return text
+    data = copy.deepcopy(data)
+    path = draw(st.sampled_from(paths))
+    parent = data
+    for step in path[:-1]:
+        parent = parent[step]
+    op = draw(st.sampled_from(["set", "delete", "add", "rename", "wrap"]))
+    last = path[-1]
+    if op == "set":
+        parent[last] = draw(values)
+    elif op == "delete":
+        del parent[last]
+    elif op == "add" and isinstance(parent, dict):
+        parent[draw(st.sampled_from(KEYS))] = draw(values)
+    elif op == "rename" and isinstance(parent, dict):
+        parent[str(last)[:-1] + draw(st.sampled_from(["", "s", "_", "x"]))] = parent.pop(last)
+    else:
+        parent[last] = [parent[last]]
+    try:
+        return yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
+    except (yaml.YAMLError, ValueError, OverflowError):
+        return text
+
+
+@st.composite
+def mutated(draw, text: str) -> str:
+    for _ in range(draw(st.integers(1, 3))):
+        text = draw(st.one_of(text_mutation(text), data_mutation(text)))
+    return text
+
+
+@dataclass
+class Case:
+    """The files of one case: ``scenario`` (validated), ``stack`` (the mutated stack, if any),
+    ``canary`` (a file whose text must never be printed)."""
+
+    dir: Path
+    scenario: Path
+    stack: Path | None = None
+    canary: Path | None = None
+
+
+def _with_stack(text: str, stack: str) -> str:
+    out, n = re.subn(r"(?m)^stack:.*$", lambda _m: f"stack: {stack}", text, count=1)
+    return out if n else f"stack: {stack}\n" + text
+
+
+@st.composite
+def scenario_case(draw, workdir: Path) -> Case:
+    """A shipped scenario, mutated; sometimes its ``stack:`` aimed at a hostile path or a canary."""
+    src = draw(st.sampled_from(SCENARIOS))
+    text = src.read_text()
+    stack = str(REPO / "compose" / "reference.yml")
+    canary = workdir / "secret.txt"
+    canary.write_text(draw(st.sampled_from([
+        f"root:$6$x${CANARY}:19000:0:99999:7:::\n", f"password: {CANARY}\n", f"{CANARY}: 1\n{CANARY}: 2\n",
+        f"a: *{CANARY}\n", f"k: v\n  {CANARY}: [\n", f"- {CANARY}\n"])))
+    target = draw(st.one_of(st.just(stack), st.just(stack), st.just(str(canary)), st.sampled_from(HOSTILE_PATHS)))
+    text = _with_stack(text, target)
+    text = draw(mutated(text))
+    path = workdir / src.name
+    _write(path, text)
+    return Case(workdir, path, canary=canary)
+
+
+@st.composite
+def stack_case(draw, workdir: Path) -> Case:
+    """A shipped stack file, mutated, named by a shipped scenario's ``stack:``."""
+    src = draw(st.sampled_from(STACKS))
+    stack = workdir / src.name
+    _write(stack, draw(mutated(src.read_text())))
+    scenario = draw(st.sampled_from(SCENARIOS))
+    path = workdir / scenario.name
+    path.write_text(_with_stack(scenario.read_text(), str(stack)))
+    return Case(workdir, path, stack=stack)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+
+
+# --- the rule ------------------------------------------------------------------------------
+def problems_with(case: Case, exit_code: int, output: str) -> list[str]:
+    """Why an outcome breaks the rule (empty: it follows it)."""
+    bad = []
+    if exit_code not in (0, 2):
+        bad.append(f"exit code {exit_code}")
+    if "Traceback" in output:
+        bad.append("a traceback")
+    if case.canary is not None and CANARY in output:
+        bad.append("the text of a file named by stack: was printed")
+    files = {str(case.scenario)} | ({str(case.stack)} if case.stack else set())
+    errors = [ln for ln in output.splitlines() if ln.strip() and not ln.endswith(": ok")]
+    if exit_code == 2 and not errors:
+        bad.append("exit 2 with no message")
+    for ln in errors:
+        if ln.startswith("warning: "):
+            ln = ln[len("warning: "):]
+            if not re.match(r"^.+?:\d+: ", ln):
+                bad.append(f"a warning without a line: {ln[:200]}")
+            continue
+        m = re.match(r"^(?P<file>.+?):(?P<line>\d+)(:\d+)?: \S", ln)
+        if m:
+            if m.group("file") not in files and not m.group("file").startswith(str(case.dir)):
+                # a file the case named (a hostile stack: path is reported under its own name)
+                if not _named_by_case(m.group("file"), case):
+                    bad.append(f"names a file that is not the case's: {ln[:200]}")
+            continue
+        m = re.match(r"^(?P<file>.+?): (?P<msg>.+)$", ln)
+        if m and WHOLE_FILE.search(m.group("msg")):
+            continue
+        bad.append(f"neither file:line nor a whole-file reason: {ln[:200]}")
+    return bad
+
+
+def _named_by_case(file: str, case: Case) -> bool:
+    """A file the case's scenario names (a hostile ``stack:`` is reported under its own name,
+    shortened with "..." when long), or a shipped file."""
+    if "..." in file or file.startswith(str(REPO)):
+        return True
+    try:
+        text = case.scenario.read_text(errors="replace")
+    except OSError:
+        return False
+    return file in text or os.path.basename(file) in text
+
+
+# --- running a case ------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    exit_code: int
+    output: str
+    seconds: float
+    max_rss_kib: int = 0
+    timed_out: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def validate_in_process(case: Case) -> Outcome:
+    """`kvchaos validate` on the case through the CLI app, in this process (CI size)."""
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, ["validate", str(case.scenario)])
+    out = r.output
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        import traceback
+
+        out += "\nTraceback:\n" + "".join(traceback.format_exception(r.exception))
+    return Outcome(r.exit_code, out, time.monotonic() - t0)
+
+
+_COMMAND: list = []
+
+
+def warm_up() -> None:
+    """Import everything `validate` needs and build the CLI once, so forked cases measure the
+    case, not imports (a `kvchaos validate` process spends ~1 s importing)."""
+    import typer
+
+    from chaos.cli import app
+    from chaos.scenario.loader import check_scenario
+
+    check_scenario(SCENARIOS[0])
+    _COMMAND[:] = [typer.main.get_command(app)]
+
+
+def validate_forked(case: Case, *, timeout_s: float = 5.0, memory_limit_mib: int = 1024) -> Outcome:
+    """`kvchaos validate` on the case in a child forked from this (warmed-up) process: its exit
+    code, output, wall time and peak resident memory (the child's own ru_maxrss). The child is
+    killed after ``timeout_s`` and cannot map more than ``memory_limit_mib`` beyond what it
+    started with (a runaway case fails instead of eating the machine)."""
+    import psutil
+
+    read, write = os.pipe()
+    vms = psutil.Process().memory_info().vms
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: `kvchaos validate FILE`, as main() runs it
+        try:
+            os.close(read)
+            os.dup2(write, 1)
+            os.dup2(write, 2)
+            limit = vms + memory_limit_mib * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            if not _COMMAND:
+                warm_up()
+            sys.argv = ["kvchaos", "validate", str(case.scenario)]
+            try:
+                _COMMAND[0].main(sys.argv[1:], prog_name="kvchaos")  # what main() -> app() runs
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:  # noqa: BLE001 - report it like the interpreter would
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(locals().get("code", 70))
+    os.close(write)
+    os.set_blocking(read, False)
+    chunks: list[bytes] = []
+    timed_out = False
+    status = ru = None
+    while True:
+        try:
+            while chunk := os.read(read, 65536):
+                chunks.append(chunk)
+        except BlockingIOError:
+            pass
+        done, status, ru = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() - t0 > timeout_s:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            _, status, ru = os.wait4(pid, 0)
+            break
+        time.sleep(0.002)
+    try:
+        while chunk := os.read(read, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    os.close(read)
+    seconds = time.monotonic() - t0
+    code = os.waitstatus_to_exitcode(status)
+    return Outcome(code, b"".join(chunks).decode("utf-8", "replace"), seconds, ru.ru_maxrss, timed_out)

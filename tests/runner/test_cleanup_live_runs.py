@@ -1,0 +1,162 @@
+"""`kvchaos cleanup` undoes only runs whose runner is gone: a live run is skipped (and passes),
+`--force RUN_ID` undoes it anyway, and what cleanup prints is what it did."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from chaos.cleanup import cleanup
+from chaos.journal import Journal, all_journals, open_entries, owner_record
+
+DATA = Path(__file__).parent / "data"
+
+
+def _sleeper(group: bool = True) -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "300"], start_new_session=group)
+
+
+def _journal_owned_by(directory: Path, run_id: str, owner: subprocess.Popen | None) -> Journal:
+    """A journal whose owner line names ``owner`` (a live process standing in for a runner), or
+    a process that is gone when ``owner`` is None."""
+    path = directory / f"{run_id}.jsonl"
+    directory.mkdir(parents=True, exist_ok=True)
+    rec = owner_record()
+    if owner is None:
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        rec.update(pid=gone.pid, create_time=time.time() - 5)
+    else:
+        rec.update(pid=owner.pid, create_time=psutil.Process(owner.pid).create_time())
+    path.write_text(json.dumps(rec) + "\n")
+    j = Journal(run_id, directory=directory)
+    j._owner_pid = os.getpid()  # write entries as the stand-in runner's, without our own owner line
+    return j
+
+
+def _add_process(j: Journal, p: subprocess.Popen, service: str) -> None:
+    j.add("process", f"{service}:{p.pid}", pid=p.pid, pgid=p.pid, create_time=psutil.Process(p.pid).create_time(),
+          service=service)
+
+
+def test_a_live_runner_is_skipped_and_force_undoes_it(tmp_path):
+    runner, service = _sleeper(), _sleeper()
+    try:
+        j = _journal_owned_by(tmp_path / "journal", "live-run", runner)
+        _add_process(j, service, "redis")
+        rep = cleanup(tmp_path / "journal")
+        assert rep.undone == [] and rep.errors == []
+        assert len(rep.skipped) == 1 and f"pid {runner.pid}" in rep.skipped[0] and "live-run" in rep.skipped[0]
+        assert service.poll() is None and j.path.exists()
+        rep = cleanup(tmp_path / "journal", force=["live-run"])
+        assert rep.undone == [f"ended process group {service.pid} (redis)"], rep
+        assert service.wait(10) is not None and not j.path.exists()
+        assert runner.poll() is None  # the runner itself is not cleanup's to end
+        assert cleanup(tmp_path / "journal", force=["no-such-run"]).errors == [
+            f"--force no-such-run: no journal of that run in {tmp_path / 'journal'}"]
+    finally:
+        for p in (runner, service):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_journal_whose_runner_is_gone_is_undone(tmp_path):
+    service = _sleeper()
+    try:
+        j = _journal_owned_by(tmp_path / "journal", "dead-run", None)
+        _add_process(j, service, "engine")
+        rep = cleanup(tmp_path / "journal")
+        assert rep.skipped == [] and rep.undone == [f"ended process group {service.pid} (engine)"]
+        assert service.wait(10) is not None and list(all_journals(tmp_path / "journal")) == []
+    finally:
+        if service.poll() is None:
+            service.kill()
+
+
+def test_a_paused_service_is_reported_as_resumed_then_ended(tmp_path):
+    """The input that showed it: cleanup printed "ended process group N (?)" for the journal's
+    ``paused`` entry of a service (the entry has no service field; its key does)."""
+    service = _sleeper()
+    try:
+        j = _journal_owned_by(tmp_path / "journal", "dead-run", None)
+        _add_process(j, service, "lmcache")
+        os.killpg(service.pid, signal.SIGSTOP)
+        j.add("paused", f"lmcache:{service.pid}", pgid=service.pid, pid=service.pid,
+              create_time=psutil.Process(service.pid).create_time())
+        rep = cleanup(tmp_path / "journal")
+        assert rep.undone == [f"resumed paused service lmcache (process group {service.pid})",
+                              f"ended process group {service.pid} (lmcache)"], rep
+        assert not any("(?)" in line for line in rep.undone)
+        assert service.wait(10) is not None
+    finally:
+        if service.poll() is None:
+            service.kill()
+
+
+def test_a_detached_stack_is_skipped_until_forced(tmp_path):
+    service = _sleeper()
+    try:
+        j = _journal_owned_by(tmp_path / "journal", "stack-x", None)
+        _add_process(j, service, "redis")
+        stack_dir = tmp_path / "stacks" / "x"
+        stack_dir.mkdir(parents=True)
+        (stack_dir / "state.json").write_text(json.dumps({"journal": str(j.path), "stack_file": "/s/x.yml"}))
+        rep = cleanup(tmp_path / "journal")
+        assert rep.undone == [] and "stack /s/x.yml left up by `kvchaos stack up`" in rep.skipped[0]
+        assert service.poll() is None
+        assert cleanup(tmp_path / "journal", force=["stack-x"]).undone == [
+            f"ended process group {service.pid} (redis)"]
+    finally:
+        if service.poll() is None:
+            service.kill()
+
+
+def test_every_writer_records_itself_as_owner(tmp_path):
+    j = Journal("r", directory=tmp_path)
+    j.add("mount", "/m", path="/m")
+    j.remove("mount", "/m")
+    owners = [json.loads(x) for x in j.path.read_text().splitlines() if '"owner"' in x]
+    assert len(owners) == 1 and owners[0]["pid"] == os.getpid()
+    assert abs(owners[0]["create_time"] - psutil.Process().create_time()) < 1
+
+
+@pytest.mark.slow
+def test_cleanup_while_another_run_is_live_leaves_it_untouched_and_it_passes(tmp_path):
+    """Acceptance: `kvchaos cleanup` during a live run (the input that showed it: it undid every
+    open entry of every journal, and the live run's liveness check then failed)."""
+    env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
+    run = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(DATA / "killpoint.yaml"),
+                            "--report-dir", str(tmp_path / "reports")], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        fault_open = False
+        while time.monotonic() < deadline and not fault_open:
+            fault_open = any(e["kind"] == "fault" for j in all_journals(tmp_path / "state" / "journal")
+                             for e in open_entries(j))
+            time.sleep(0.1)
+        assert fault_open, "the run never applied its fault"
+        procs = [e for j in all_journals(tmp_path / "state" / "journal") for e in open_entries(j)
+                 if e["kind"] == "process"]
+        r = subprocess.run([sys.executable, "-m", "chaos.cli", "cleanup"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "skipped live run: pid " in r.stdout and "healed" not in r.stdout and "ended" not in r.stdout
+        assert all(psutil.pid_exists(e["pid"]) for e in procs)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out
+    result = json.loads(next((tmp_path / "reports").glob("killpoint-*/result.json")).read_text())
+    assert result["verdict"] == "passed" and result["service_exits"] == []
+    assert list(all_journals(tmp_path / "state" / "journal")) == []

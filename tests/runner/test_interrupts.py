@@ -1,0 +1,127 @@
+"""SIGINT/SIGTERM become one RunInterrupted, held where an exception must not split a step;
+interrupted runs are reported as such (verdict interrupted, 130/143)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from chaos import interrupts
+from chaos.interrupts import RunInterrupted
+from chaos.report.junit import run_testsuite
+from chaos.report.model import InterruptInfo
+from chaos.report.result import build_result
+from chaos.report.suite import build_suite, suite_exit_code, suite_table
+from chaos.report.writer import write_report
+
+
+def test_the_first_signal_raises_with_its_stage_and_later_ones_are_held():
+    seen = []
+    with pytest.raises(RunInterrupted) as ei:
+        with interrupts.handling():
+            interrupts.set_stage("phase warm")
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            finally:
+                # the teardown: another signal must not cut it short
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                seen.append("teardown done")
+    assert seen == ["teardown done"]
+    e = ei.value
+    assert (e.signum, e.signal_name, e.exit_code, e.stage) == (signal.SIGTERM, "SIGTERM", 143, "phase warm")
+    assert isinstance(e, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the old handler is back
+
+
+def test_deferred_holds_a_signal_until_the_block_ends():
+    steps = []
+    with pytest.raises(RunInterrupted) as ei:
+        with interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            steps.append("healed")
+            steps.append("report written")
+    assert steps == ["healed", "report written"]
+    assert ei.value.exit_code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigint_is_never_reported_as_empty_parentheses():
+    """The input that showed it: Ctrl-C was reported as "interrupted ()"."""
+    assert interrupts.as_interrupt(KeyboardInterrupt()).describe() == "SIGINT"
+    with interrupts.stage("checks"):
+        assert str(interrupts.as_interrupt(KeyboardInterrupt())) == "SIGINT during checks"
+
+
+def test_start_up_waits_stop_once_a_signal_came():
+    with interrupts.handling():
+        with interrupts.stage("stack start-up"):
+            assert not interrupts.startup_interrupted()
+            with pytest.raises(RunInterrupted):
+                with interrupts.deferred():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.05)
+                    assert interrupts.startup_interrupted()
+        with interrupts.stage("heal"):  # a heal that restarts a service still waits for it
+            assert not interrupts.startup_interrupted()
+
+
+def _interrupted_result(tmp_path):
+    info = InterruptInfo(signal="SIGTERM", exit_code=143, stage="phase stall", phases_run=["warm", "stall"],
+                         healed=["latency-0"])
+    result = build_result(run_id="r1", scenario="s", history=[], checks=[], interrupted=info)
+    write_report(tmp_path, result, [])
+    return result
+
+
+def test_an_interrupted_result_is_rendered_everywhere(tmp_path):
+    result = _interrupted_result(tmp_path)
+    assert (result.verdict, result.exit_code) == ("interrupted", 143)
+    suite_xml = run_testsuite(result)
+    err = suite_xml.find("testcase/error")
+    assert err is not None and err.get("type") == "interrupted"
+    assert err.get("message") == "interrupted by SIGTERM during phase stall; healed: latency-0"
+    html = (tmp_path / "report.html").read_text()
+    assert "Interrupted</b> by SIGTERM" in html and "phase stall" in html and "latency-0" in html
+    suite = build_suite("suite-1", [result], tmp_path)
+    assert (suite.verdict, suite.exit_code, suite.interrupted.signal) == ("interrupted", 143, "SIGTERM")
+    assert suite_exit_code([result]) == 143
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(suite_table(suite))
+    assert "interrupted by SIGTERM during phase stall" in console.export_text()
+
+
+def test_a_signal_the_parent_ignores_stays_ignored():
+    """A job a non-interactive shell starts with `&` has SIGINT ignored; kvchaos keeps it so."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts.handling():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_after_the_run_a_signal_only_sets_the_exit_code():
+    """The input that showed it: SIGINT in the last instants of `kvchaos run` (report written,
+    stacks down, handlers restored) ended the interpreter by the signal's default action."""
+    old = {s: signal.getsignal(s) for s in interrupts.SIGNALS}
+    try:
+        interrupts.exit_on_signal()
+        with pytest.raises(SystemExit) as ei:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        assert ei.value.code == 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
