@@ -28,11 +28,20 @@ def scrape_counters(url: str, names: list[str], *, labels: dict[str, str] | None
     r.raise_for_status()
     out: dict[str, float | None] = {n: None for n in names}
     want = set(names)
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            if s.name not in want:
-                continue
-            if labels and any(s.labels.get(k) != v for k, v in labels.items()):
-                continue
-            out[s.name] = (out[s.name] or 0.0) + float(s.value)
+    for name, sample_labels, value in text_samples(r.text):
+        if name not in want:
+            continue
+        if labels and any(sample_labels.get(k) != v for k, v in labels.items()):
+            continue
+        out[name] = (out[name] or 0.0) + value
     return out
+
+
+def text_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text exposition as ``(name, labels, value)``.
+
+    Raises:
+        ValueError: ``text`` is not Prometheus text.
+    """
+    return [(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]

@@ -59,7 +59,7 @@ def load_and_validate(paths: list[Path], stack: Path | None = None) -> list[Scen
         ConfigError: the first invalid file, with every problem of it listed.
     """
     scenarios = []
-    stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None]]] = {}
+    stacks: dict[Path, tuple[set[str], set[str], dict[str, str | None], object]] = {}
     if stack is not None and not Path(stack).is_file():
         raise ConfigError(str(stack), None, None, "stack file not found (--stack)")
     for path in paths:
@@ -70,9 +70,9 @@ def load_and_validate(paths: list[Path], stack: Path | None = None) -> list[Scen
         if key not in stacks:
             spec = load_stack(key, allocate_ports=False, run_dir=Path("/nonexistent"))
             urls = {"engine_url": spec.settings.engine_url, "recompute_url": spec.settings.recompute_url}
-            stacks[key] = (set(spec.settings.links), set(spec.services), urls)
-        links, services, urls = stacks[key]
-        validate_against_stack(scenario, links, services)
+            stacks[key] = (set(spec.settings.links), set(spec.services), urls, spec.settings)
+        links, services, urls, settings = stacks[key]
+        validate_against_stack(scenario, links, services, settings)
         file = str(scenario.source)
         if not urls["engine_url"] and any(scenario.phase_requests(p) for p in scenario.phases):
             raise ConfigError(file, scenario.locator.line_of(("workload",)) if scenario.locator else None,

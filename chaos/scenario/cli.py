@@ -41,9 +41,11 @@ def stack_names(stack_file: Path) -> tuple[set[str], set[str]]:
 
 
 def _check_one(path: Path) -> Scenario:
+    from chaos.stack.spec import load_stack
+
     scenario = load_scenario(path)
-    links, services = stack_names(scenario.stack)
-    validate_against_stack(scenario, links, services)
+    spec = load_stack(scenario.stack, allocate_ports=False, require_commands=False)
+    validate_against_stack(scenario, set(spec.settings.links), set(spec.services), spec.settings)
     return scenario
 
 

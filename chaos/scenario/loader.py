@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError, format_path, load_model
@@ -40,7 +41,8 @@ def load_scenario(path: str | Path, *, check_paths: bool = True) -> Scenario:
 
 
 def validate_against_stack(
-    scenario: Scenario, links: Iterable[str], services: Iterable[str] | None = None
+    scenario: Scenario, links: Iterable[str], services: Iterable[str] | None = None,
+    settings: Any = None,
 ) -> None:
     """Check every name a fault refers to exists in the stack.
 
@@ -48,6 +50,8 @@ def validate_against_stack(
         scenario: a loaded scenario (its locator gives the lines; built in Python: no line).
         links: names of the stack's links (x-kvchaos.links).
         services: names of the stack's services; None skips service references.
+        settings: the stack's x-kvchaos settings; when given, the services and URLs of every
+            trigger (of faults and phases) are checked too (chaos/probes.py).
 
     Raises:
         ConfigError: one per unknown name found, all listed in ``problems``; the first
@@ -70,6 +74,17 @@ def validate_against_stack(
                     file, line, format_path(path), f"unknown {ref_kind} {name!r}; the stack has: {have}"
                 )
             )
+    if settings is not None:
+        from chaos.probes import trigger_problems
+
+        svc = set(services) if services is not None else None
+        owners = [(("phases", p, "faults", f), fault.trigger) for p, f, fault in scenario.faults()]
+        owners += [(("phases", p), phase.trigger) for p, phase in enumerate(scenario.phases)]
+        for prefix, trigger in owners:
+            for sub, message in trigger_problems(trigger, settings, svc):
+                path = prefix + ("trigger",) + sub
+                line = scenario.locator.line_of(path) if scenario.locator is not None else None
+                errors.append(ConfigError(file, line, format_path(path), message))
     if errors:
         first = errors[0]
         raise ConfigError(
