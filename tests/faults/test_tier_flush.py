@@ -5,40 +5,15 @@ the clear call, and by the L2 tiers themselves."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
 from chaos.faults.base import FaultContext
-from chaos.stack.environment import service_environment
-from chaos.stack.local import LocalStack
-from kvchaos_support import fault, needs_lmcache, needs_redis, needs_root
+from kvchaos_support import fault, lmcache_bench as bench, needs_lmcache, needs_redis, needs_root
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, needs_lmcache, needs_redis, needs_root]
-
-
-def bench(stack, tokens: int = 512) -> None:
-    """One request of ``tokens`` tokens: lookup, store (chunks to L1 and both L2s), retrieve."""
-    r = subprocess.run(["lmcache", "bench", "server", "--rpc-url", f"tcp://127.0.0.1:{stack.env['LMCACHE_PORT']}",
-                        "--url", stack.settings.lmcache_http, "--mode", "cpu", "--num-tokens", str(tokens),
-                        "--start", "0", "--end", "1", "--kvcache-shape-spec", "(2,64,16,4,64):float32:4", "-q"],
-                       capture_output=True, text=True, timeout=180, env=service_environment())
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-
-
-@pytest.fixture(scope="module")
-def storage(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tier-flush")
-    stack = LocalStack(REPO / "compose/reference.yml", run_dir=tmp / "run", environ=dict(os.environ))
-    stack.up(["lmcache"])
-    try:
-        yield stack
-    finally:
-        stack.down()
 
 
 def l1_objects(stack) -> int:
@@ -56,14 +31,15 @@ def fs_objects(stack) -> int:
     return len(list(Path(stack.settings.l2_fs_path).glob("*.data")))
 
 
-def test_flush_every_tier_proven_by_lmcache_and_the_tiers(storage):
-    bench(storage)
-    assert l1_objects(storage) >= 2 and redis_keys(storage) >= 2 and fs_objects(storage) >= 2
-    held = l1_objects(storage)
+def test_flush_every_tier_proven_by_lmcache_and_the_tiers(reference_storage):
+    bench(reference_storage)
+    s = reference_storage
+    assert l1_objects(s) >= 2 and redis_keys(s) >= 2 and fs_objects(s) >= 2
+    held = l1_objects(reference_storage)
     f = fault("tier_flush", tiers=["l1", "redis", "fs"])
-    ctx = FaultContext(stack=storage)
+    ctx = FaultContext(stack=reference_storage)
     f.apply(ctx)
-    assert l1_objects(storage) == 0 and redis_keys(storage) == 0 and fs_objects(storage) == 0
+    assert l1_objects(s) == 0 and redis_keys(s) == 0 and fs_objects(s) == 0
     assert f.heal(ctx) == {"restored": False}
     ev = f.evidence(ctx)
     assert ev["bit"] is True, ev
@@ -73,30 +49,30 @@ def test_flush_every_tier_proven_by_lmcache_and_the_tiers(storage):
     assert ev["tiers"]["redis"]["keys_before"] >= 2 and ev["tiers"]["fs"]["files_removed"] >= 2
 
 
-def test_l1_flush_then_the_prefix_is_loaded_from_l2(storage):
+def test_l1_flush_then_the_prefix_is_loaded_from_l2(reference_storage):
     """What the flush is for: the next lookup of the same tokens is an L2 hit, which LMCache
     counts (the trigger a scenario declares on it)."""
     from chaos.probes import Condition, TriggerWatch
 
-    bench(storage)
+    bench(reference_storage)
     f = fault("tier_flush", tiers=["l1"])
     watch = TriggerWatch([Condition(metric="lmcache_mp_lookup_hit_l2_tokens_total", service="lmcache",
-                                    grew_by=512)], storage)
+                                    grew_by=512)], reference_storage)
     watch.begin()
-    ctx = FaultContext(stack=storage)
+    ctx = FaultContext(stack=reference_storage)
     f.apply(ctx)
     watch.start()
-    bench(storage)
+    bench(reference_storage)
     got = watch.finish()
     assert f.evidence(ctx)["bit"] is True
     assert got["reached"] is True, got
 
 
-def test_an_empty_tier_did_not_bite(storage):
+def test_an_empty_tier_did_not_bite(reference_storage):
     f0 = fault("tier_flush", tiers=["l1", "redis", "fs"])
-    f0.apply(FaultContext(stack=storage))  # empty everything first
+    f0.apply(FaultContext(stack=reference_storage))  # empty everything first
     f = fault("tier_flush", tiers=["l1", "redis"])
-    ctx = FaultContext(stack=storage)
+    ctx = FaultContext(stack=reference_storage)
     f.apply(ctx)
     ev = f.evidence(ctx)
     assert ev["bit"] is False
