@@ -10,7 +10,8 @@ read from the stack's own endpoints and logs, evaluated generically by the runne
                                                                                  (before heal)
     condition (one of):
       metric: NAME  {labels}  a Prometheus sample of a service's /metrics (summed over the
-                              label sets that match ``labels``)      grew_by: N | reached: N
+                              label sets that match ``labels``; a list of names: summed over
+                              them)                                  grew_by: N | reached: N
       json: a.b.0.c           a number at a dotted path of a service's JSON endpoint (``url``)
                                                                      grew_by: N | reached: N
       log: REGEX              lines of the service's log that match (colour codes removed),
@@ -66,9 +67,10 @@ class Condition(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    metric: str | None = Field(default=None, min_length=1,
-                               description="a Prometheus sample name on the service's /metrics, e.g. "
-                               "lmcache_mp_l2_prefetch_failure_chunks_total")
+    metric: str | list[str] | None = Field(
+        default=None, min_length=1,
+        description="a Prometheus sample name on the service's /metrics, e.g. "
+        "lmcache_mp_l2_prefetch_failure_chunks_total, or a list of names whose samples are summed")
     labels: dict[str, str] = Field(default_factory=dict,
                                    description="only samples with these label values count (metric)")
     json_path: str | None = Field(default=None, alias="json", min_length=1,
@@ -118,6 +120,12 @@ class Condition(BaseModel):
         return self
 
     @property
+    def metric_names(self) -> list[str]:
+        """The metric names summed (one or several)."""
+        m = self.metric
+        return [] if m is None else [m] if isinstance(m, str) else list(m)
+
+    @property
     def probe(self) -> Literal["metric", "json", "log"]:
         """Which kind of probe this is."""
         return "metric" if self.metric is not None else "json" if self.json_path is not None else "log"
@@ -128,7 +136,7 @@ class Condition(BaseModel):
             return f"{self.service} log /{self.log}/ matched >= {self.matched or 1} line(s)"
         if self.probe == "metric":
             labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
-            what = f"{self.service} metric {self.metric}" + (f"{{{labels}}}" if labels else "")
+            what = f"{self.service} metric {'+'.join(self.metric_names)}" + (f"{{{labels}}}" if labels else "")
         else:
             what = f"{self.service} {self.url} {self.json_path}"
         return what + (f" grew by >= {self.grew_by:g}" if self.grew_by is not None
@@ -266,9 +274,10 @@ def read_json_number(url: str, path: str, client: httpx.Client | None = None,
     return float(value)
 
 
-def read_metric(url: str, name: str, labels: dict[str, str] | None = None,
+def read_metric(url: str, name: str | list[str], labels: dict[str, str] | None = None,
                 client: httpx.Client | None = None) -> tuple[float, bool]:
-    """The sum of Prometheus samples ``name`` (matching ``labels``) at ``url``.
+    """The sum of Prometheus samples ``name`` (or of any of several names), matching ``labels``,
+    at ``url``.
 
     Returns:
         ``(value, seen)``: ``seen`` False when no sample of that name matched, then value 0
@@ -283,9 +292,10 @@ def read_metric(url: str, name: str, labels: dict[str, str] | None = None,
         samples = text_samples(r.text)
     except (httpx.HTTPError, ValueError) as exc:
         raise ProbeError(f"{url}: {type(exc).__name__}: {exc}") from None
+    names = {name} if isinstance(name, str) else set(name)
     total, seen = 0.0, False
     for s_name, s_labels, value in samples:
-        if s_name != name or any(s_labels.get(k) != v for k, v in (labels or {}).items()):
+        if s_name not in names or any(s_labels.get(k) != v for k, v in (labels or {}).items()):
             continue
         total += value
         seen = True
@@ -378,7 +388,7 @@ class _Probe:
     def _read(self, client: httpx.Client) -> float:
         assert self.url is not None
         if self.cond.probe == "metric":
-            value, seen = read_metric(self.url, self.cond.metric or "", self.cond.labels, client)
+            value, seen = read_metric(self.url, self.cond.metric_names, self.cond.labels, client)
             self.seen = self.seen or seen
             return value
         self.seen = True
@@ -452,7 +462,8 @@ class _Probe:
             else:
                 out.update(want_max=c.reached)
             if c.probe == "metric" and not self.seen:
-                out["note"] = f"no sample named {c.metric} matched on {self.url} (counted as 0)"
+                out["note"] = (f"no sample named {' or '.join(c.metric_names)} matched on {self.url} "
+                               "(counted as 0)")
         if self.errors:
             out["errors"] = self.errors[-5:]
         return out

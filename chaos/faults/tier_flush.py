@@ -1,5 +1,6 @@
 """tier_flush: a cache tier loses what it holds (L1 emptied, the Redis L2 flushed, the fs L2 emptied).
 
+    engine POST <engine_url>/reset_prefix_cache     (the engine's own prefix cache; vLLM's route)
     l1     POST <lmcache_http>/cache/clear {"tier": "l1", "force": <force>}   (LMCache's own API)
     redis  FLUSHALL on x-kvchaos.redis.url
     fs     every LMCache object file (*.data) under x-kvchaos.l2_fs_path unlinked
@@ -22,6 +23,8 @@ concurrent stores):
   ``storage_manager.l1_manager.total_object_count`` fell.
 - Redis: ``DBSIZE`` before the flush (keys removed) and after.
 - fs: the files unlinked.
+- engine: the reference engine's ``/debug/state`` ``prefix_cache_blocks`` before (> 0) and
+  after (0); an engine without that state (vLLM) only says the reset answered 2xx.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import ProbeError, json_at, read_metric
 
-__all__ = ["TierFlushParams", "TierFlush", "L1_EVICTED", "flush_l1", "flush_redis", "flush_fs"]
+__all__ = ["TierFlushParams", "TierFlush", "L1_EVICTED", "flush_engine", "flush_l1", "flush_redis", "flush_fs"]
 
 #: LMCache 0.5.6: chunks removed from L1 (evictions and clears), on the HTTP port's /metrics.
 L1_EVICTED = "lmcache_mp_l1_evicted_chunks_total"
@@ -53,10 +56,11 @@ class TierFlushParams(FaultParams):
     """Empty one or more cache tiers at apply."""
 
     kind: Literal["tier_flush"]
-    tiers: list[Literal["l1", "fs", "redis"]] = Field(
+    tiers: list[Literal["engine", "l1", "fs", "redis"]] = Field(
         default_factory=lambda: ["l1"], min_length=1,
-        description="the tiers to empty: l1 (LMCache's CPU memory, via its POST /cache/clear), redis "
-        "(the Redis L2: FLUSHALL), fs (the filesystem L2's object files); default [l1]",
+        description="the tiers to empty: engine (the engine's own prefix cache, POST /reset_prefix_cache), "
+        "l1 (LMCache's CPU memory, via its POST /cache/clear), redis (the Redis L2: FLUSHALL), fs (the "
+        "filesystem L2's object files); default [l1]",
     )
     force: bool = Field(
         default=False,
@@ -166,6 +170,44 @@ def flush_redis(url: str) -> dict[str, Any]:
     return out
 
 
+def _prefix_blocks(client: httpx.Client, engine_url: str) -> float | None:
+    try:
+        r = client.get(f"{engine_url}/debug/state", timeout=10)
+        if r.status_code != 200:
+            return None
+        value = r.json().get("prefix_cache_blocks")
+    except (httpx.HTTPError, ValueError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def flush_engine(engine_url: str) -> dict[str, Any]:
+    """Empty the engine's own prefix cache (``POST /reset_prefix_cache``, vLLM's route).
+
+    Returns:
+        ``{"bit", "source", "blocks_before", "blocks_after"}``: with the reference engine's
+        ``/debug/state``, bit when it held blocks and holds none after; without it, bit when the
+        reset answered 2xx.
+
+    Raises:
+        httpx.HTTPError: the reset did not answer 2xx.
+    """
+    base = engine_url.rstrip("/")
+    with httpx.Client() as client:
+        before = _prefix_blocks(client, base)
+        client.post(f"{base}/reset_prefix_cache", timeout=30).raise_for_status()
+        after = _prefix_blocks(client, base)
+    if before is None or after is None:
+        return {"bit": True, "source": "engine POST /reset_prefix_cache answered 2xx (no /debug/state)"}
+    out: dict[str, Any] = {"bit": before >= 1 and after == 0, "source": "engine /debug/state prefix_cache_blocks",
+                           "blocks_before": before, "blocks_after": after}
+    if before < 1:
+        out["reason"] = "the engine's prefix cache held nothing at apply (is prefix caching on?)"
+    elif after != 0:
+        out["reason"] = f"{after:g} blocks still cached after the reset"
+    return out
+
+
 def flush_fs(path: str | Path) -> dict[str, Any]:
     """Unlink every LMCache object file (``*.data``) directly under ``path``.
 
@@ -215,7 +257,7 @@ class TierFlush(Fault):
         """
         s = require_stack(ctx).settings
         need = {"l1": ("lmcache_http", s.lmcache_http), "redis": ("redis", s.redis),
-                "fs": ("l2_fs_path", s.l2_fs_path)}
+                "fs": ("l2_fs_path", s.l2_fs_path), "engine": ("engine_url", s.engine_url)}
         missing = [f"{t} (x-kvchaos.{need[t][0]})" for t in self.params.tiers if not need[t][1]]
         if missing:
             raise RuntimeError(f"tier_flush: the stack has no {', '.join(missing)}")
@@ -224,6 +266,8 @@ class TierFlush(Fault):
                 self._done[tier] = flush_l1(s.lmcache_http, self.params.force)
             elif tier == "redis":
                 self._done[tier] = flush_redis(s.redis.url)
+            elif tier == "engine":
+                self._done[tier] = flush_engine(s.engine_url)
             else:
                 self._done[tier] = flush_fs(s.l2_fs_path)
         return {"tiers": {t: {k: v for k, v in d.items() if k != "answer"} for t, d in self._done.items()}}

@@ -200,3 +200,17 @@ def test_services_are_roles_or_compose_names(tmp_path):
     problems = trigger_problems(bad, s, services)
     assert [p for p, _ in problems] == [(0, "service"), (3, "service"), (4, "url")]
     assert "has no HTTP address" in problems[2][1]
+
+
+def test_several_metric_names_are_summed(served):
+    state, stack = served
+    c = cond(metric=["x_failures_total", "x_locked"], service="lmcache", grew_by=4)
+    w = TriggerWatch([c], stack, every_s=0.05)
+    w.begin()
+    w.start()
+    state.counter += 2
+    state.gauge = 2
+    time.sleep(0.2)
+    r = w.finish()
+    assert r["reached"] is True and r["conditions"][0]["increase"] == 4.0
+    assert "x_failures_total+x_locked" in r["conditions"][0]["condition"]
