@@ -382,8 +382,8 @@ class _Probe:
                 self.cursor = LogCursor(stack, self.service)
             else:
                 self.url = probe_url(cond, stack.settings, dict(getattr(stack, "env", None) or {}))
-        except ValueError as exc:
-            self.errors.append(str(exc))
+        except Exception as exc:  # no stack, an unknown service: not seen, and said so
+            self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _read(self, client: httpx.Client) -> float:
         assert self.url is not None
@@ -461,7 +461,7 @@ class _Probe:
                 out.update(increase=self.increase, want_increase=c.grew_by)
             else:
                 out.update(want_max=c.reached)
-            if c.probe == "metric" and not self.seen:
+            if c.probe == "metric" and not self.seen and self.samples:
                 out["note"] = (f"no sample named {' or '.join(c.metric_names)} matched on {self.url} "
                                "(counted as 0)")
         if self.errors:
