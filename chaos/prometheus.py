@@ -165,3 +165,13 @@ def scrape_counters(url: str, names: list[str], *, labels: dict[str, str] | None
         extra = tuple((k, "=", v) for k, v in (labels or {}).items())
         selectors[n] = Selector(sel.name, sel.matchers + extra)
     return scrape_selectors(url, selectors, timeout_s=timeout_s)
+
+
+def text_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text exposition as ``(name, labels, value)``.
+
+    Raises:
+        ValueError: ``text`` is not Prometheus text.
+    """
+    return [(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]

@@ -4,6 +4,8 @@
   (validated through the scenario model), so tests exercise the same defaults and errors.
 - ``local_stack(tmp_path, text, **env)``: a LocalStack (not started) for a stack file's text.
 - ``LMCACHE_FS_STACK``: a real ``lmcache server`` with one filesystem L2 adapter.
+- ``lmcache_bench(stack, tokens)``: one request through LMCache's own CPU client (lookup,
+  store, retrieve) against a running stack's LMCache.
 - skip markers for what a test needs on this machine.
 - ``ServerThread``, ``Upstream``, ``echo``: a fault proxy in a background event loop and real TCP
   upstreams (threads), for tests that drive traffic through the proxy.
@@ -58,6 +60,26 @@ x-kvchaos:
   lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
   l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
 """
+
+
+def lmcache_bench(stack, tokens: int = 512) -> str:
+    """One ``tokens``-token request of ``lmcache bench server --mode cpu`` against the stack's
+    LMCache (lookup, store of the chunks to L1 and the L2 tiers, retrieve); returns its output.
+
+    Raises:
+        AssertionError: the client exited non-zero.
+    """
+    import subprocess
+
+    from chaos.stack.environment import service_environment
+
+    lmcache = str(Path(sys.executable).with_name("lmcache"))
+    r = subprocess.run([lmcache, "bench", "server", "--rpc-url", f"tcp://127.0.0.1:{stack.env['LMCACHE_PORT']}",
+                        "--url", stack.settings.lmcache_http, "--mode", "cpu", "--num-tokens", str(tokens),
+                        "--start", "0", "--end", "1", "--kvcache-shape-spec", "(2,64,16,4,64):float32:4", "-q"],
+                       capture_output=True, text=True, timeout=180, env=service_environment())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    return r.stdout + r.stderr
 
 
 def fault(kind: str, **fields) -> Fault:

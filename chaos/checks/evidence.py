@@ -1,14 +1,19 @@
-"""evidence: every fault the nemesis applied really bit.
+"""evidence: every fault the nemesis applied really acted, and every trigger was reached.
 
 A latency toxic on a link nobody used, a kill of a process that had already exited, an L2
-object corruption of a key never read: the scenario "passes" without testing anything. Each
-fault records at heal an evidence dict (`{"bit": bool, ...}`: bytes delayed, objects
-corrupted, requests preempted). A fault without `bit: true` makes the run inconclusive
-("unknown"), never "passed"; a scenario whose fault never fired proves nothing.
+object corruption of a key never read: the scenario "passes" without testing anything. Two
+questions, answered separately:
 
-Verdicts: unknown if some fault did not bite (or its apply failed, or it never healed, or it
-recorded no evidence); passed when every fault bit or there were no faults. This check never
-answers "failed": a fault that did not bite says nothing about the system under test.
+- **fault acted**: each fault records at heal an evidence dict (`{"bit": bool, ...}`: bytes
+  delayed, objects corrupted, requests preempted);
+- **trigger reached**: a fault (or a phase) that declares a `trigger` says what must be seen
+  while it is in place for the scenario to have reached its failure window (a read failed, a
+  lock was held when the request was cancelled); chaos/probes.py watched it and recorded what
+  it saw on the heal record (a phase's: on a `trigger` record of the nemesis).
+
+A fault that did not act, or a trigger not reached, makes the run inconclusive ("unknown"),
+never "passed": the scenario did not test what its description claims. This check never
+answers "failed": a window not reached says nothing about the system under test.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from chaos.checks.registry import coerce_config, register
-from chaos.checks.requests import FaultRecord, faults
+from chaos.checks.requests import FaultRecord, faults, op_dicts
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
@@ -40,37 +45,80 @@ def _why_not(f: FaultRecord) -> str | None:
     return None
 
 
+def _unreached(trigger: dict[str, Any]) -> str:
+    """The first condition of ``trigger`` that was not reached, said with what was seen."""
+    for c in trigger.get("conditions") or []:
+        if c.get("reached"):
+            continue
+        seen = (f"matched {c.get('matched', 0)}" if c.get("probe") == "log"
+                else f"increase {c.get('increase'):g}" if c.get("increase") is not None
+                else f"max {c.get('max')}")
+        errs = f"; errors: {c['errors'][-1]}" if c.get("errors") else ""
+        note = f"; {c['note']}" if c.get("note") else ""
+        return f"{c.get('condition')}: not reached ({seen}{note}{errs})"
+    return "not reached"
+
+
+def phase_triggers(history: Sequence[Op | dict[str, Any]]) -> list[dict[str, Any]]:
+    """The phase triggers the runner recorded: ``[{"phase", "reached", "conditions", ...}]``."""
+    return [{"phase": op.get("phase", ""), **(op.get("value") or {})} for op in op_dicts(history)
+            if op.get("process") == "nemesis" and op.get("f") == "trigger"]
+
+
 @register(NAME, EvidenceConfig)
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: EvidenceConfig | dict[str, Any] | None = None) -> CheckResult:
-    """Require `bit: true` in every fault's evidence.
+    """Require `bit: true` in every fault's evidence and every declared trigger reached.
 
     Args:
-        history: the run's ops; nemesis apply/heal ops are read.
+        history: the run's ops; nemesis apply/heal ops and phase `trigger` ops are read.
         snapshots: unused.
         config: EvidenceConfig (no settings) or None.
     Returns:
         CheckResult; details: `faults` (list of {fault_id, kind, phase, applied_at, healed_at,
-        evidence, bit, problem}).
+        evidence, bit, acted, trigger, trigger_reached, problem}; `trigger_reached` None when
+        the fault declares no trigger) and `phases` (list of {phase, trigger, trigger_reached,
+        problem}).
     """
     coerce_config(config, EvidenceConfig)
     fs = faults(history)
     rows = []
     for f in fs:
+        problem = _why_not(f)
+        reached = None if f.trigger is None else f.trigger.get("reached") is True
+        if problem is None and reached is False:
+            problem = "trigger " + _unreached(f.trigger or {})
         rows.append({"fault_id": f.fault_id, "kind": f.kind, "phase": f.phase, "applied_at": f.applied_at,
-                     "healed_at": f.healed_at, "evidence": f.evidence, "bit": f.bit, "problem": _why_not(f)})
-    details = {"faults": rows}
-    if not fs:
-        return CheckResult(name=NAME, verdict="passed", summary="no faults in this scenario", details=details)
-    dull = [r for r in rows if r["problem"]]
+                     "healed_at": f.healed_at, "evidence": f.evidence, "bit": f.bit, "acted": f.bit,
+                     "trigger": f.trigger, "trigger_reached": reached, "problem": problem})
+    phases = []
+    for t in phase_triggers(history):
+        reached = t.get("reached") is True
+        phases.append({"phase": t["phase"], "trigger": t, "trigger_reached": reached,
+                       "problem": None if reached else "trigger " + _unreached(t)})
+    details = {"faults": rows, "phases": phases}
+    triggers = [r for r in rows if r["trigger_reached"] is not None] + phases
+    reached_n = sum(1 for r in triggers if r["trigger_reached"])
+    trig_text = f"triggers reached: {reached_n} of {len(triggers)}" if triggers else "no trigger declared"
+    if not fs and not phases:
+        return CheckResult(name=NAME, verdict="passed", summary="no faults and no trigger in this scenario",
+                           details=details)
+    not_acted = [r for r in rows if r["problem"] and not r["acted"]]
+    acted_text = (f"faults acted: {len(rows) - len(not_acted)} of {len(rows)}" if rows else "no faults")
+    dull = [r for r in rows if r["problem"]] + [p for p in phases if p["problem"]]
     if dull:
         first = dull[0]
-        label = f"{first['kind']} {first['fault_id']}".strip() if first["kind"] != first["fault_id"] else first["fault_id"]
+        if "fault_id" in first:
+            label = (f"{first['kind']} {first['fault_id']}".strip() if first["kind"] != first["fault_id"]
+                     else first["fault_id"])
+            where = f"{label} (phase {first['phase']})"
+        else:
+            where = f"phase {first['phase']}"
         return CheckResult(
             name=NAME, verdict="unknown",
-            summary=(f"inconclusive: {len(dull)} of {len(fs)} faults did not bite; "
-                     f"{label} (phase {first['phase']}): {first['problem']}"),
+            summary=f"inconclusive: {acted_text}; {trig_text}; {where}: {first['problem']}",
             details=details)
     return CheckResult(name=NAME, verdict="passed",
-                       summary=f"all {len(fs)} faults bit: " + ", ".join(r["fault_id"] for r in rows),
+                       summary=f"{acted_text}; {trig_text}" + (": " + ", ".join(r["fault_id"] for r in rows)
+                                                                if rows else ""),
                        details=details)

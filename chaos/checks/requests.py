@@ -208,6 +208,8 @@ class FaultRecord(BaseModel):
         apply_outcome / heal_outcome: "ok" | "fail" | "info" | None.
         params: the fault's settings as recorded at apply.
         evidence: the evidence dict recorded at heal ({"bit": bool, ...}); None when absent.
+        trigger: what the fault's trigger saw ({"reached": bool, "conditions": [...]}, from
+            chaos/probes.py); None when it declares no trigger (or was never healed).
         error: error text of a failed apply/heal.
     """
 
@@ -220,6 +222,7 @@ class FaultRecord(BaseModel):
     heal_outcome: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     evidence: dict[str, Any] | None = None
+    trigger: dict[str, Any] | None = None
     error: str | None = None
 
     @property
@@ -264,6 +267,8 @@ def faults(history: Iterable[Op | dict[str, Any]]) -> list[FaultRecord]:
                 ev = {k: v for k, v in value.items() if k != "kind"}
             if isinstance(ev, dict):
                 rec.evidence = ev
+            if isinstance(value.get("trigger"), dict):
+                rec.trigger = value["trigger"]
             if op.get("type") == "fail":
                 rec.error = value.get("error") or rec.error
     return list(by_id.values())

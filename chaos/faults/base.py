@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from chaos.probes import Condition, normalize_trigger
 from chaos.scenario.duration import Duration, PositiveDuration
 
 if TYPE_CHECKING:  # only for type hints; each is written by another layer
@@ -71,6 +72,17 @@ class FaultParams(BaseModel):
     until: Literal["end"] | None = Field(
         default=None, description="`end`: the fault lasts until its phase ends"
     )
+    trigger: list[Condition] = Field(
+        default_factory=list,
+        description="what must be seen while the fault is in place for the scenario to count (one "
+        "condition or a list, all must be seen): a metric or JSON number of a service that grew_by "
+        "or reached N, or a log line that matched; not seen: the run is inconclusive",
+    )
+
+    @field_validator("trigger", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return normalize_trigger(v)
 
     @model_validator(mode="after")
     def _duration_or_until(self) -> FaultParams:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
+from chaos.probes import json_at, read_json_number
 from chaos.stack.interpolate import interpolate, interpolate_data
 
 __all__ = ["HttpCall", "HookStep", "HttpProbe", "HookEvidence", "HookParams", "Hook", "json_at"]
@@ -118,26 +119,6 @@ class HookParams(FaultParams):
         return {"service": self.service}
 
 
-def json_at(data: Any, path: str) -> Any:
-    """The value at a dotted ``path`` (``a.b.0.c``; list items by index).
-
-    Raises:
-        KeyError: a step of the path is missing.
-    """
-    cur = data
-    for part in path.split("."):
-        if isinstance(cur, list):
-            try:
-                cur = cur[int(part)]
-            except (ValueError, IndexError):
-                raise KeyError(f"{path}: no item {part!r}") from None
-        elif isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        else:
-            raise KeyError(f"{path}: no key {part!r}")
-    return cur
-
-
 @register("hook")
 class Hook(Fault):
     """Run ``apply`` at apply and ``heal`` at heal; evidence as the spec says."""
@@ -180,13 +161,7 @@ class Hook(Fault):
         return {"argv": argv, "returncode": 0, "stdout": r2.stdout[-500:]}
 
     def _read_number(self, probe: HttpProbe, timeout_s: float) -> float:
-        url = interpolate(probe.url, self._env)
-        r = httpx.get(url, timeout=timeout_s)
-        r.raise_for_status()
-        value = json_at(r.json(), probe.json_path)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{url}: {probe.json_path} is {value!r}, not a number")
-        return float(value)
+        return read_json_number(interpolate(probe.url, self._env), probe.json_path, timeout_s=timeout_s)
 
     def _measure(self, ctx: FaultContext) -> dict[str, Any]:
         ev = self.params.evidence
@@ -212,7 +187,8 @@ class Hook(Fault):
         Raises:
             RuntimeError: the call answered an unexpected status or the command exited non-zero.
             httpx.HTTPError, subprocess.TimeoutExpired, OSError: the call could not be made.
-            KeyError, ValueError: the evidence counter is not a number at ``json_path``.
+            chaos.probes.ProbeError: the evidence counter could not be read as a number at
+                ``json_path``.
         """
         self._env = dict(getattr(ctx.stack, "env", None) or {})
         ev = self.params.evidence

@@ -78,6 +78,8 @@ class FaultSummary(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     evidence: dict[str, Any] | None = None
     bit: bool = False
+    #: What the fault's trigger saw ({"reached", "conditions", ...}); None without a trigger.
+    trigger: dict[str, Any] | None = None
     error: str | None = None
 
 

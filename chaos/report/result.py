@@ -53,7 +53,7 @@ def faults_from_history(history: Iterable[Any]) -> list[FaultSummary]:
     """Faults applied in the run, with apply/heal times and the evidence recorded at heal."""
     return [FaultSummary(fault_id=f.fault_id, kind=f.kind, phase=f.phase, applied_at=f.applied_at,
                          healed_at=f.healed_at, params=f.params, evidence=f.evidence, bit=f.bit,
-                         error=f.error)
+                         trigger=f.trigger, error=f.error)
             for f in faults(history)]
 
 

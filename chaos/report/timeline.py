@@ -225,7 +225,10 @@ def build_timeline(result: RunResult, history: Iterable[Any]) -> Timeline:
             band_h=bottom - fy, label=f"{f.kind} {f.fault_id}".strip(), bit=f.bit, healed=f.healed_at is not None,
             title=(f"{f.kind} {f.fault_id} ({params}) applied {start:.2f}s, "
                    + (f"healed {f.healed_at:.2f}s" if f.healed_at is not None else "never healed")
-                   + f", evidence {f.evidence}")))
+                   + f", evidence {f.evidence}"
+                   + ("" if f.trigger is None else
+                      f", trigger {'reached' if f.trigger.get('reached') else 'NOT REACHED'}: "
+                      + "; ".join(str(c.get("condition")) for c in f.trigger.get("conditions") or [])))))
     for e in result.service_exits:
         tl.markers.append(Marker(x=sx(e.time), label=f"{e.service} exit {e.returncode}", by_fault=e.killed_by_fault))
     present = {b.request_class for b in tl.bars}

@@ -41,6 +41,7 @@ from chaos.interrupts import RunInterrupted
 from chaos.journal import Journal
 from chaos.oracle import TOP_K, OracleError, RecomputeOracle
 from chaos.report.model import InterruptInfo, RunResult
+from chaos.probes import TriggerWatch
 from chaos.report.result import build_result
 from chaos.report.writer import write_report
 from chaos.runner.leaks import poll_until_quiet, read_baselines
@@ -61,10 +62,17 @@ class AppliedFault:
     healed: bool = False
     heal_ok: bool | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The fault's trigger being watched while it is in place (None: it declares none).
+    watch: TriggerWatch | None = None
 
 
 class Nemesis:
-    """Applies and heals a scenario's faults on the phase clock, recording both on the history."""
+    """Applies and heals a scenario's faults on the phase clock, recording both on the history.
+
+    A fault's ``trigger`` is watched by the nemesis, the same way for every kind: baselines just
+    before apply, samples while in place, the final reading just before heal; the result goes on
+    the heal record next to the fault's own evidence (``value.trigger``).
+    """
 
     def __init__(self, ctx: FaultContext, history: HistoryWriter, journal: Journal, proxy_api: str | None) -> None:
         self.ctx = ctx
@@ -81,16 +89,20 @@ class Nemesis:
                      if k.endswith("_PORT") or k.startswith("KVCHAOS_")}
         self.journal.add("fault", fault.id, fault_kind=p.kind, params=params, proxy_api=self.proxy_api,
                          stack_env=stack_env)
-        entry = AppliedFault(fault, phase)
+        entry = AppliedFault(fault, phase, watch=self.watch(p.trigger))
         self.applied.append(entry)
         self.history.append("nemesis", "invoke", "apply", phase=phase, fault_id=fault.id,
                             value={"kind": p.kind, "params": params})
+        if entry.watch is not None:
+            entry.watch.begin()
         try:
             done = fault.apply(self.ctx)
         except Exception as exc:  # recorded; heal still runs at the end
             self.history.append("nemesis", "fail", "apply", phase=phase, fault_id=fault.id,
                                 value={"kind": p.kind, "error": f"{type(exc).__name__}: {exc}"})
             return
+        if entry.watch is not None:
+            entry.watch.start()
         self.history.append("nemesis", "ok", "apply", phase=phase, fault_id=fault.id,
                             value={"kind": p.kind, **_jsonable(done)})
 
@@ -103,12 +115,13 @@ class Nemesis:
         fault, phase = entry.fault, entry.phase
         kind = fault.params.kind
         self.history.append("nemesis", "invoke", "heal", phase=phase, fault_id=fault.id, value={"kind": kind})
+        trigger = {"trigger": entry.watch.finish()} if entry.watch is not None else {}
         try:
             done = fault.heal(self.ctx)
         except Exception as exc:
             entry.heal_ok = False
             self.history.append("nemesis", "fail", "heal", phase=phase, fault_id=fault.id,
-                                value={"kind": kind, "error": f"{type(exc).__name__}: {exc}"})
+                                value={"kind": kind, "error": f"{type(exc).__name__}: {exc}", **trigger})
             return
         entry.heal_ok = True
         try:
@@ -117,7 +130,14 @@ class Nemesis:
             evidence = {"bit": False, "error": f"{type(exc).__name__}: {exc}"}
         self.journal.remove("fault", fault.id)
         self.history.append("nemesis", "ok", "heal", phase=phase, fault_id=fault.id,
-                            value={"kind": kind, **_jsonable(done), "evidence": _jsonable(evidence)})
+                            value={"kind": kind, **_jsonable(done), "evidence": _jsonable(evidence),
+                                   **_jsonable(trigger)})
+
+    def watch(self, conditions: list) -> TriggerWatch | None:
+        """A watch of ``conditions`` on the context's stack; None for no conditions."""
+        if not conditions:
+            return None
+        return TriggerWatch(conditions, self.ctx.stack)
 
     def heal_all(self) -> list[str]:
         """Heal every applied fault not yet healed, newest first; returns errors (never raises
@@ -161,14 +181,25 @@ def _jsonable(obj: Any) -> Any:
 
 async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client: CompletionClient | None,
                      deadline_s: float | None) -> None:
-    """One phase: the workload and the phase's faults on one clock."""
+    """One phase: the workload and the phase's faults on one clock.
+
+    With ``requests_start: after_faults`` (the default) the faults that start at 0 are applied
+    first, in file order, and the requests start once they are in place; later faults keep their
+    ``start`` on the phase clock. The phase's own ``trigger`` is watched from the phase start
+    until its requests and fault timelines are done (before ``until: end`` faults are healed).
+    """
     loop_t0 = time.monotonic()
     faults = [fault_registry.build_fault(p) for p in phase.faults]
+    watch = nemesis.watch(phase.trigger)
+    if watch is not None:
+        await asyncio.to_thread(watch.begin)
+        watch.start()
 
-    async def fault_timeline(fault: Fault) -> None:
+    async def fault_timeline(fault: Fault, applied: bool) -> None:
         p = fault.params
-        await asyncio.sleep(max(0.0, p.start - (time.monotonic() - loop_t0)))
-        await asyncio.to_thread(nemesis.apply, fault, phase.name)
+        if not applied:
+            await asyncio.sleep(max(0.0, p.start - (time.monotonic() - loop_t0)))
+            await asyncio.to_thread(nemesis.apply, fault, phase.name)
         if p.duration is not None:
             await asyncio.sleep(max(0.0, p.start + p.duration - (time.monotonic() - loop_t0)))
             entry = next(e for e in nemesis.applied if e.fault is fault)
@@ -176,8 +207,12 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
 
     n = scenario.phase_requests(phase)
     conversations = plan_phase(scenario.workload, scenario.seed, phase.name, n) if n else []
-    tasks = [asyncio.create_task(fault_timeline(f)) for f in faults]
+    first = [f for f in faults if f.params.start <= 0] if phase.requests_start == "after_faults" else []
+    tasks: list[asyncio.Task] = []
     try:
+        for f in first:  # in place before the first request is sent
+            await asyncio.to_thread(nemesis.apply, f, phase.name)
+        tasks = [asyncio.create_task(fault_timeline(f, f in first)) for f in faults]
         if conversations:
             assert client is not None  # load_and_validate: a stack without engine_url sends nothing
             await run_conversations(client, conversations, phase=phase.name,
@@ -192,6 +227,10 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             if not t.done():
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if watch is not None:
+            result = await asyncio.to_thread(watch.finish)
+            nemesis.history.append("nemesis", "ok", "trigger", phase=phase.name,
+                                   value={"scope": "phase", **result})
     # `until: end` faults end with their phase.
     for entry in nemesis.pending(phase.name):
         await asyncio.to_thread(nemesis.heal, entry)

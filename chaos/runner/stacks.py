@@ -105,6 +105,10 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
                 child.unlink(missing_ok=True)
 
 
+#: Fault kinds that stop, freeze or restart a service: the next scenario gets a fresh stack.
+DISRUPTIVE_KINDS = ("kill", "pause", "retrieve_fail", "l2_fault_inject")
+
+
 class StackPool:
     """Stacks of a suite, keyed by stack file; started on first use, reset on reuse.
 
@@ -191,7 +195,7 @@ class StackPool:
 
     def release(self, stack_file: Path, result) -> None:
         """Tell the pool how the scenario that used the stack ended. After a scenario that
-        stopped or froze a process (``kill``, ``pause``), left something held (its ``leaks``
+        stopped, froze or restarted a process (``DISRUPTIVE_KINDS``), left something held (its ``leaks``
         check did not pass) or could not finish, the next scenario gets a freshly started stack:
         a server that came back from a kill may be healthy yet broken in ways a reset cannot
         see (LMCache 0.5.6's Redis adapter never reconnects after Redis restarts), and leaked
@@ -202,7 +206,7 @@ class StackPool:
             result: the scenario's RunResult (chaos/report/model.py).
         """
         key = Path(stack_file).resolve()
-        disruptive = any(f.kind in ("kill", "pause") for f in result.faults)
+        disruptive = any(f.kind in DISRUPTIVE_KINDS for f in result.faults)
         leaky = any(c.name == "leaks" and c.verdict != "passed" for c in result.checks)
         if disruptive or leaky or result.error:
             self._dirty.add(key)

@@ -134,7 +134,7 @@ def runnable_on(scenario: Scenario, spec: Any) -> list[str]:
 
     out = []
     try:
-        validate_against_stack(scenario, set(spec.settings.links), set(spec.services))
+        validate_against_stack(scenario, set(spec.settings.links), set(spec.services), spec.settings)
     except ConfigError as exc:
         out += [p.rsplit(": ", 1)[-1] for p in exc.problems]
     out += [f"{n.capability} ({n.who})" for n in missing(scenario_needs(scenario), spec.capabilities())]

@@ -362,6 +362,7 @@ def _stack_problems(file: str, data: dict, locator: Locator, scenario: Scenario 
     if scenario is not None:
         from chaos.scenario.needs import explain, missing, scenario_needs
 
+        out.extend(_trigger_problems(file, scenario, spec.settings, spec.services))
         where = stack_name or key
         for need in missing(scenario_needs(scenario), spec.capabilities()):
             out.append(_problem(file, locator, need.path, f"{explain(need)}; {where} does not offer it"))
@@ -403,9 +404,25 @@ def _warnings(path: str | Path, file: str, data: dict, locator: Locator) -> list
     return out
 
 
+def _trigger_problems(file: str, scenario: Scenario, settings: Any,
+                      services: Iterable[str] | None) -> list[ConfigError]:
+    """The services and URLs every trigger (of faults and phases) names that the stack lacks
+    (chaos/probes.py)."""
+    from chaos.probes import trigger_problems
+
+    svc = set(services) if services is not None else None
+    owners = [(("phases", p, "faults", f), fault.trigger) for p, f, fault in scenario.faults()]
+    owners += [(("phases", p), phase.trigger) for p, phase in enumerate(scenario.phases)]
+    out = []
+    for prefix, trigger in owners:
+        for sub, message in trigger_problems(trigger, settings, svc):
+            out.append(_problem(file, scenario.locator, prefix + ("trigger",) + sub, message))
+    return out
+
+
 def validate_against_stack(
     scenario: Scenario, links: Iterable[str], services: Iterable[str] | None = None,
-    *, capabilities: set[str] | None = None, stack_name: str | None = None,
+    settings: Any = None, *, capabilities: set[str] | None = None, stack_name: str | None = None,
 ) -> None:
     """Check every name a fault refers to exists in the stack, and that the stack offers what
     the scenario needs.
@@ -414,6 +431,8 @@ def validate_against_stack(
         scenario: a loaded scenario (its locator gives the lines; built in Python: no line).
         links: names of the stack's links (x-kvchaos.links).
         services: names of the stack's services; None skips service references.
+        settings: the stack's x-kvchaos settings; when given, the services and URLs of every
+            trigger (of faults and phases) are checked too (chaos/probes.py).
         capabilities: the stack's capabilities (``StackSpec.capabilities()``); None skips the
             capability check.
         stack_name: the stack file, for the capability messages.
@@ -442,6 +461,8 @@ def validate_against_stack(
         where = stack_name or "the stack"
         for need in missing(scenario_needs(scenario), capabilities):
             errors.append(_problem(file, scenario.locator, need.path, f"{explain(need)}; {where} does not offer it"))
+    if settings is not None:
+        errors.extend(_trigger_problems(file, scenario, settings, services))
     if errors:
         raise combine_problems(errors)
 

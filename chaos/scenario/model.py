@@ -24,6 +24,7 @@ from pydantic import (
 
 from chaos.faults import registry
 from chaos.faults.base import FaultParams
+from chaos.probes import Condition, normalize_trigger
 from chaos.scenario.checks import ChecksConfig
 from chaos.scenario.duration import PositiveDuration
 from chaos.workload.spec import WorkloadSpec
@@ -118,6 +119,21 @@ class Phase(_Strict):
     faults: list[FaultSpec] = Field(  # type: ignore[valid-type]
         default_factory=list, description="faults applied during this phase, each on its own timeline"
     )
+    trigger: list[Condition] = Field(
+        default_factory=list,
+        description="what must be seen while the phase runs for the scenario to count (one condition "
+        "or a list; as a fault's trigger); not seen: the run is inconclusive",
+    )
+    requests_start: Literal["after_faults", "at_once"] = Field(
+        default="after_faults",
+        description="after_faults: the phase's requests start once its faults with start 0 are "
+        "applied; at_once: together with them (the requests race the fault)",
+    )
+
+    @field_validator("trigger", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return normalize_trigger(v)
 
 
 class Scenario(_Strict):
@@ -187,6 +203,14 @@ class Scenario(_Strict):
                 seen[fault.name] = phase.name
                 index += 1
         return phases
+
+    @model_validator(mode="after")
+    def _triggers_need_evidence(self) -> Scenario:
+        has = [p.name for p in self.phases if p.trigger or any(f.trigger for f in p.faults)]
+        if has and self.checks.evidence is None:
+            raise ValueError(f"phase(s) {has} declare a `trigger`, which the `evidence` check evaluates: "
+                             "add `evidence: {}` under `checks`")
+        return self
 
     @model_validator(mode="after")
     def _check_phase_names(self) -> Scenario:

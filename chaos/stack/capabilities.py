@@ -48,6 +48,9 @@ CAPABILITIES: dict[str, str] = {
     # LMCache's MP server.
     "lmcache.http": "LMCache's HTTP API at x-kvchaos.lmcache_http (/status, /cache/clear, "
                     "/metrics)",
+    "lmcache.l2_wrap": "the LMCache service's --l2-adapter arguments are written "
+                       "'${NAME_WRAP:-}{...}${NAME_WRAP_END:-}', so that kvchaos can restart it with "
+                       "LMCache's fault_inject adapter around them (l2_fault_inject; docs/reach.md)",
     # L2 tiers.
     "l2.fs": "a filesystem L2 whose folder kvchaos can reach (x-kvchaos.l2_fs_path)",
     "l2.fs.size_cap": "the filesystem L2 is a size-capped mount kvchaos can fill "

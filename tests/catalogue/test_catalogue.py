@@ -89,3 +89,22 @@ def test_at_least_two_compound_scenarios() -> None:
                 compound.append(s.name)
                 break
     assert len(compound) >= 2, compound
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_scenario_declares_its_trigger_and_window(path: Path) -> None:
+    """Issue 12: no hollow passes. A trigger on a fault or a phase says the failure window was
+    reached; the description says which window (and the evidence check judges it)."""
+    s = load_scenario(path)
+    triggers = [c for p in s.phases for c in p.trigger] + [c for _, _, f in s.faults() for c in f.trigger]
+    assert triggers, f"{path.name}: declare a `trigger` on a fault or a phase (docs/scenarios.md, Triggers)"
+    assert s.checks.evidence is not None
+    assert "Window" in (s.description or ""), f"{path.name}: the description should say which window it hits"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_no_program_text_in_yaml(path: Path) -> None:
+    """No Python (or shell) one-liners nested in YAML quoting: what a hook did by hand has a kind."""
+    text = path.read_text()
+    assert not re.search(r"\bpython3?\b\s*,\s*-c\b|\bsh\b\s*,\s*-c\b|\bbash\b\s*,\s*-c\b", text), path.name
+    assert "kind: hook" not in text, f"{path.name}: use a fault kind (tier_flush, retrieve_fail, ...) instead"

@@ -43,7 +43,7 @@ class HistoryBuilder:
         self.op(process, outcome, "complete", t1, phase, request_id=rid, value=value)
 
     def fault(self, fid: str, kind: str, t0: float, t1: float | None, evidence: dict[str, Any] | None,
-              phase: str = "stall", apply_outcome: str = "ok") -> None:
+              phase: str = "stall", apply_outcome: str = "ok", trigger: dict[str, Any] | None = None) -> None:
         self.op("nemesis", "invoke", "apply", t0, phase, fault_id=fid,
                 value={"kind": kind, "params": {"link": "engine-lmcache", "latency_ms": 3000}})
         self.op("nemesis", apply_outcome, "apply", t0 + 0.01, phase, fault_id=fid,
@@ -54,7 +54,13 @@ class HistoryBuilder:
         value: dict[str, Any] = {"kind": kind}
         if evidence is not None:
             value["evidence"] = evidence
+        if trigger is not None:
+            value["trigger"] = trigger
         self.op("nemesis", "ok", "heal", t1 + 0.01, phase, fault_id=fid, value=value)
+
+    def phase_trigger(self, phase: str, t: float, trigger: dict[str, Any]) -> None:
+        """The record the runner writes when a phase's trigger has been watched."""
+        self.op("nemesis", "ok", "trigger", t, phase, value={"scope": "phase", **trigger})
 
 
 @pytest.fixture

@@ -82,3 +82,39 @@ def test_passing_summary_lists_the_faults(hb):
     r = evidence.check(hb.ops, Snapshots(), {})
     assert r.summary == "all 2 faults bit: f1, f2"
     assert evidence.check([], Snapshots(), {}).summary == "no faults in this scenario"
+def _trigger(reached: bool, increase: float = 0.0) -> dict:
+    return {"reached": reached, "window_s": 2.0, "conditions": [
+        {"condition": "lmcache metric lmcache_mp_l2_prefetch_failure_chunks_total grew by >= 1",
+         "probe": "metric", "reached": reached, "increase": increase, "want_increase": 1, "samples": 9}]}
+
+
+def test_acted_and_trigger_reached_are_reported_separately(hb):
+    hb.fault("f1", "l2_corrupt", 1, 5, {"bit": True, "corrupted": 4}, trigger=_trigger(True, 3))
+    hb.fault("f2", "latency", 6, 8, {"bit": True})
+    r = evidence.check(hb.ops, Snapshots(), {})
+    assert r.verdict == "passed"
+    assert "faults acted: 2 of 2" in r.summary and "triggers reached: 1 of 1" in r.summary
+    rows = {f["fault_id"]: f for f in r.details["faults"]}
+    assert rows["f1"]["acted"] is True and rows["f1"]["trigger_reached"] is True
+    assert rows["f2"]["trigger_reached"] is None  # declares none
+
+
+def test_fault_that_acted_but_missed_its_trigger_is_inconclusive(hb):
+    """The hollow pass of issue 12: objects were deleted (the fault acted) but no read failed."""
+    hb.fault("f1", "l2_corrupt", 1, 5, {"bit": True, "corrupted": 4}, trigger=_trigger(False))
+    r = evidence.check(hb.ops, Snapshots(), {})
+    assert r.verdict == "unknown"
+    assert "faults acted: 1 of 1" in r.summary and "triggers reached: 0 of 1" in r.summary
+    assert "not reached (increase 0)" in r.summary
+    assert r.details["faults"][0]["acted"] is True and r.details["faults"][0]["trigger_reached"] is False
+
+
+def test_phase_trigger_not_reached_is_inconclusive_even_without_faults(hb):
+    hb.request("w-1", [1, 2], [3], phase="hit")
+    hb.phase_trigger("hit", 2.0, _trigger(False))
+    r = evidence.check(hb.ops, Snapshots(), {})
+    assert r.verdict == "unknown" and "phase hit: trigger" in r.summary
+    b2 = type(hb)()
+    b2.phase_trigger("hit", 2.0, _trigger(True, 5))
+    r2 = evidence.check(b2.ops, Snapshots(), {})
+    assert r2.verdict == "passed" and "triggers reached: 1 of 1" in r2.summary

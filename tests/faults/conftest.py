@@ -1,8 +1,11 @@
-"""A real fault proxy (chaos.proxy, in a background event loop) and an echo upstream."""
+"""A real fault proxy (chaos.proxy, in a background event loop) and an echo upstream; the
+reference stack's storage side (Redis, the proxy, LMCache with both L2 tiers) as processes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +29,19 @@ def echo() -> Iterator[Upstream]:
     e = Upstream(echo_handler)
     yield e
     e.close()
+
+
+@pytest.fixture(scope="module")
+def reference_storage(tmp_path_factory):
+    """compose/reference.yml started up to its ``lmcache`` service (Redis, the fault proxy,
+    LMCache with the resp and fs L2 adapters), for one test module."""
+    from chaos.stack.local import LocalStack
+
+    repo = Path(__file__).resolve().parents[2]
+    stack = LocalStack(repo / "compose/reference.yml", run_dir=tmp_path_factory.mktemp("storage") / "run",
+                       environ=dict(os.environ))
+    stack.up(["lmcache"])
+    try:
+        yield stack
+    finally:
+        stack.down()

@@ -44,7 +44,7 @@ def test_chaos_marker_runs_scenarios_with_short_failures_and_junit(project):
     assert r.returncode == 1, out
     assert "1 failed, 1 passed" in out
     # The inconclusive scenario fails with the check's one-line explanation, not a traceback.
-    assert "evidence unknown: inconclusive: 1 of 1 faults did not bite" in out
+    assert "evidence unknown: inconclusive: faults acted: 0 of 1" in out
     assert "Traceback" not in out
     assert "kvchaos scenario times" in out
     suite = ET.parse(project / "junit.xml").getroot().find("testsuite")

@@ -1,0 +1,87 @@
+"""The phase clock of the runner (chaos/runner/run.py `_run_phase`): a phase's requests start
+after its `start: 0` faults are in place (unless `requests_start: at_once`), and a phase's
+trigger is recorded on the history for the evidence check. Real HTTP (an engine double), a
+real hook fault (a command that takes 300 ms to apply)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chaos.checks import Snapshots, evidence
+from chaos.faults.base import FaultContext
+from chaos.history import HistoryWriter
+from chaos.journal import Journal
+from chaos.runner.run import Nemesis, _run_phase
+from chaos.scenario.model import Scenario
+from chaos.workload.client import CompletionClient
+from workload.engine_double import EngineDouble
+
+
+def scenario(requests_start: str, trigger=None) -> Scenario:
+    phase = {"name": "p", "requests": 4, "requests_start": requests_start,
+             "faults": [{"kind": "hook", "name": "slow-apply", "service": "engine",
+                         "apply": {"argv": ["sleep", "0.3"]}, "evidence": {"argv": ["true"]},
+                         "duration": 1}]}
+    if trigger is not None:
+        phase["trigger"] = trigger
+    return Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "workload": {"families": 1, "prefix_tokens": 8, "suffix_tokens": 2,
+                                                     "requests": 4, "concurrency": 2, "max_tokens": 2},
+         "phases": [phase], "checks": {"evidence": {}}}, context={"check_paths": False})
+
+
+def run_phase(s: Scenario, tmp_path, stack=None) -> HistoryWriter:
+    history = HistoryWriter(None)
+
+    async def go() -> None:
+        engine = EngineDouble()
+        await engine.start()
+        client = CompletionClient(engine.url, history=history)
+        nemesis = Nemesis(FaultContext(stack=stack, history=history), history, Journal("phase-clock", tmp_path), None)
+        try:
+            await _run_phase(s, s.phases[0], nemesis, client, 30)
+        finally:
+            nemesis.heal_all()
+            await client.aclose()
+            await engine.stop()
+
+    asyncio.run(go())
+    return history
+
+
+def times(history: HistoryWriter) -> tuple[float, float]:
+    applied = next(op.time for op in history.ops if op.f == "apply" and op.type == "ok")
+    first = min(op.time for op in history.ops if op.f == "complete" and op.type == "invoke")
+    return applied, first
+
+
+def test_requests_start_after_the_start_zero_faults_are_applied(tmp_path):
+    applied, first = times(run_phase(scenario("after_faults"), tmp_path))
+    assert first >= applied
+
+
+def test_at_once_lets_the_requests_race_the_fault(tmp_path):
+    applied, first = times(run_phase(scenario("at_once"), tmp_path))
+    assert first < applied - 0.2
+
+
+def test_a_phase_trigger_is_recorded_and_judged(tmp_path):
+    from kvchaos_support import local_stack
+
+    stack = local_stack(tmp_path, "services:\n  engine: {command: [sleep, '1']}\n")
+    s = scenario("after_faults", trigger={"log": "never written", "service": "engine"})
+    history = run_phase(s, tmp_path, stack=stack)
+    (rec,) = [op for op in history.ops if op.f == "trigger"]
+    assert rec.phase == "p" and rec.value["reached"] is False
+    r = evidence.check(history.ops, Snapshots(), {})
+    assert r.verdict == "unknown" and "phase p: trigger engine log /never written/" in r.summary
+
+
+def test_a_trigger_needs_the_evidence_check():
+    with pytest.raises(ValueError, match="add `evidence: {}` under `checks`"):
+        Scenario.model_validate(
+            {"name": "t", "stack": "s.yml", "checks": {"liveness": {}},
+             "phases": [{"name": "p", "trigger": {"log": "x", "service": "engine"}}]},
+            context={"check_paths": False})
