@@ -594,7 +594,9 @@ def _is_tag(mapping: Mapping, step: str) -> bool:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    if isinstance(value, str):
+    """``value`` for an error message, at most ``limit`` characters, on one line: a string is
+    shown as typed unless it holds a control character (a CR, a tab, ...), then JSON-escaped."""
+    if isinstance(value, str) and value.isprintable():
         s = value
     else:
         try:

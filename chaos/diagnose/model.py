@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["kv_content", "prefix_length", "key_identity", "logits_sampling", "engine_side", "unknown"]
 
@@ -31,7 +31,15 @@ VERDICT_TITLES: dict[str, str] = {
 }
 
 
-class Replay(BaseModel):
+class _Model(BaseModel):
+    """Base of the diagnosis models: a non-finite float (a bit flip can turn KV into inf or NaN)
+    is written to JSON as the string "Infinity"/"NaN" and read back as a float, rather than
+    pydantic's default ``null``, which would lose what was found."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class Replay(_Model):
     """One replay of the request's prompt (A/B isolation).
 
     Attributes:
@@ -62,7 +70,7 @@ class Replay(BaseModel):
         return (self.local_hit_tokens or 0) + (self.external_hit_tokens or 0)
 
 
-class ABIsolation(BaseModel):
+class ABIsolation(_Model):
     """Step 1: the same prompt with the cache on (fresh), bypassed, and on the twin.
 
     ``outcome``: ``reproducible`` (fresh replay wrong too), ``transient`` (fresh replay right:
@@ -77,7 +85,7 @@ class ABIsolation(BaseModel):
     prefix_cache_reset: bool | None = None
 
 
-class Divergence(BaseModel):
+class Divergence(_Model):
     """Step 2: where the tokens part, and the twin's top-k logprobs there.
 
     Attributes:
@@ -97,7 +105,7 @@ class Divergence(BaseModel):
     actual_rank: int | None = None
 
 
-class LengthMask(BaseModel):
+class LengthMask(_Model):
     """Step 3: prefix length the engine claims against what LMCache holds for the prompt.
 
     Attributes:
@@ -130,7 +138,7 @@ class LengthMask(BaseModel):
     off_by_original: int | None = None
 
 
-class LayerDiff(BaseModel):
+class LayerDiff(_Model):
     """Served vs witness KV of one layer of one chunk (K and V planes together).
 
     ``max_abs_delta``: max |served - witness|; ``zero_share``: share of exact zeros in the served
@@ -147,7 +155,7 @@ class LayerDiff(BaseModel):
     plane: str | None = None
 
 
-class ChunkDiff(BaseModel):
+class ChunkDiff(_Model):
     """Served vs witness KV of one chunk (tokens ``[start, end)``), layer by layer."""
 
     chunk: int
@@ -166,7 +174,7 @@ class ChunkDiff(BaseModel):
     layers: list[LayerDiff] = Field(default_factory=list)
 
 
-class KVContent(BaseModel):
+class KVContent(_Model):
     """Step 4: the KV LMCache serves for the prompt against the KV the clean twin stored in the
     witness LMCache, chunk by chunk and layer by layer.
 
@@ -188,7 +196,7 @@ class KVContent(BaseModel):
     first_bad_position: int | None = None
 
 
-class StoredEntry(BaseModel):
+class StoredEntry(_Model):
     """Objects LMCache's L2 holds for the prompt's chunk hashes under one (model, cache_salt)."""
 
     model_name: str
@@ -197,7 +205,7 @@ class StoredEntry(BaseModel):
     where: list[str]
 
 
-class KeyIdentity(BaseModel):
+class KeyIdentity(_Model):
     """Step 5: the key the request should use (model, chunk hashes, cache_salt) against the
     entries LMCache holds and the one the engine's hit can be explained by.
 
@@ -221,7 +229,7 @@ class KeyIdentity(BaseModel):
     mismatch: str | None = None
 
 
-class RequestDiagnosis(BaseModel):
+class RequestDiagnosis(_Model):
     """Why one request failed: the six steps and the verdict with the lines that decided it."""
 
     request_id: str
@@ -242,7 +250,7 @@ class RequestDiagnosis(BaseModel):
     step_seconds: dict[str, float] = Field(default_factory=dict)
 
 
-class SkippedRequest(BaseModel):
+class SkippedRequest(_Model):
     """A failing request the diagnosis did not get to (limit, time budget, no prompt)."""
 
     request_id: str
@@ -250,7 +258,7 @@ class SkippedRequest(BaseModel):
     reason: str
 
 
-class Diagnosis(BaseModel):
+class Diagnosis(_Model):
     """``diagnosis.json`` of a run.
 
     ``mode``: ``live`` (on the stack the run used, right after its checks) or ``replayed`` (a

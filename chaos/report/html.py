@@ -30,7 +30,18 @@ def _fmt_rate(v: float | None) -> str:
     return "–" if v is None else f"{v:.1%}"
 
 
+def _fmt_g4(v: float | str | None) -> str:
+    """A measured number to 4 significant digits; a non-finite one as the diagnosis JSON writes it
+    ("Infinity", "NaN"), a missing one as a dash."""
+    if v is None:
+        return "–"
+    if isinstance(v, str):
+        return v
+    return f"{v:.4g}"
+
+
 _ENV.filters["secs"] = _fmt_s
+_ENV.filters["g4"] = _fmt_g4
 _ENV.filters["rate"] = _fmt_rate
 _ENV.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
 

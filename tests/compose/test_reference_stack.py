@@ -1,5 +1,7 @@
 """compose/reference.yml under the compose backend: every service in a container of the kvchaos
-image, kvchaos's own proxy in place of the Toxiproxy image that cannot be pulled here.
+image, the proxy in the real Toxiproxy's image (kvchaos/toxiproxy, built offline from
+../shared/tools/toxiproxy) when it is present or buildable, else kvchaos's own proxy in the
+kvchaos image.
 
 Needs the image (about 2.5-5 min to build, see compose/README.md); skipped with the reason when
 it is not present.
@@ -13,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.stack.compose import ComposeStack, image_exists
+from chaos.stack.compose import TOXIPROXY_IMAGE, ComposeStack, image_exists
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("KVCHAOS_IMAGE", "kvchaos/reference:latest")
@@ -41,13 +43,16 @@ def complete(url: str, prompt: str) -> dict:
     return r.json()
 
 
-def test_reference_stack_serves_through_the_proxy_and_survives_an_lmcache_kill(reference_stack, leftovers):
+def test_reference_stack_serves_through_the_proxy_and_survives_an_lmcache_kill(reference_stack, docker, leftovers):
     stack = reference_stack
     prompt = "kvchaos compose " * 80
     with stack:
         st = stack.status()
         assert all(s.state == "running" and s.healthy for s in st.values()), st
-        assert st["toxiproxy"].detail["image"] == IMAGE  # kvchaos's proxy stood in
+        # unset KVCHAOS_PROXY: the real Toxiproxy when its image is there (built from the binary
+        # if need be), kvchaos's proxy in the kvchaos image otherwise
+        real = os.environ.get("KVCHAOS_PROXY") != "bundled" and image_exists(docker, TOXIPROXY_IMAGE)
+        assert st["toxiproxy"].detail["image"] == (TOXIPROXY_IMAGE if real else IMAGE)
         proxies = httpx.get(stack.settings.proxy.api + "/proxies", timeout=10).json()
         assert set(proxies) == {"engine-lmcache", "lmcache-redis"}
 

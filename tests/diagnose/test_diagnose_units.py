@@ -213,3 +213,25 @@ def test_cli_says_when_nothing_failed(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "no request 'no-such-request'" in r.output
     r = CliRunner().invoke(app, ["shrink", str(tmp_path)])
     assert r.exit_code == 2 and "no check failed" in r.output
+
+
+def test_report_renders_a_non_finite_kv_delta(tmp_path: Path) -> None:
+    """A wide bit flip turns served KV into inf/NaN: the report used to crash rendering
+    ``"%.4g"|format(None)`` because the JSON had ``null`` there (CI, test_bites_on_reference_stack)."""
+    from chaos.report.result import build_result
+    from chaos.report.writer import write_report
+
+    served = _kv()
+    served[:, 1, 3] = float("inf")
+    c = compare_chunk(served, _kv(), chunk=0, start=0, chunk_hash="h")
+    assert not c.equal and c.max_abs_delta == float("inf")
+    kv = KVContent(status="compared", chunks=[c], bad_chunks=[0], first_bad_chunk=0, kind=c.kind,
+                   first_bad_layer=c.first_bad_layer)
+    d = decide(_diag(ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 256),
+                                    bypass=_replay("bypass", True)), kv=kv), Original())
+    (tmp_path / "diagnosis.json").write_text(Diagnosis(run_id="r1", requests=[d]).model_dump_json())
+    raw = json.loads((tmp_path / "diagnosis.json").read_text())
+    assert raw["requests"][0]["kv"]["chunks"][0]["max_abs_delta"] == "Infinity"
+    assert Diagnosis.model_validate(raw).requests[0].kv.chunks[0].max_abs_delta == float("inf")
+    html = write_report(tmp_path, build_result(run_id="r1", scenario="s", history=[], checks=[]), []).read_text()
+    assert "Infinity" in html

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,17 +135,24 @@ def test_cleanup_while_another_run_is_live_leaves_it_untouched_and_it_passes(tmp
     """Acceptance: `kvchaos cleanup` during a live run (the input that showed it: it undid every
     open entry of every journal, and the live run's liveness check then failed)."""
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
-    run = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(DATA / "killpoint.yaml"),
+    # the fault stays 20 s (not the kill-point tests' 4 s): `kvchaos cleanup` takes seconds to
+    # start on a loaded host and must find the run still live
+    scenario = tmp_path / "killpoint.yaml"
+    shutil.copy(DATA / "killpoint-stack.yml", tmp_path / "killpoint-stack.yml")
+    scenario.write_text((DATA / "killpoint.yaml").read_text().replace("duration: 4s", "duration: 20s"))
+    run = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(scenario),
                             "--report-dir", str(tmp_path / "reports")], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 90
+        # a loaded CI host can take minutes to start the stack; a run that ended is not waited for
+        deadline = time.monotonic() + 300
         fault_open = False
-        while time.monotonic() < deadline and not fault_open:
+        while time.monotonic() < deadline and not fault_open and run.poll() is None:
             fault_open = any(e["kind"] == "fault" for j in all_journals(tmp_path / "state" / "journal")
                              for e in open_entries(j))
             time.sleep(0.1)
-        assert fault_open, "the run never applied its fault"
+        assert fault_open, ("the run never applied its fault", run.poll(),
+                            run.communicate(timeout=60)[0][-3000:] if run.poll() is not None else "")
         procs = [e for j in all_journals(tmp_path / "state" / "journal") for e in open_entries(j)
                  if e["kind"] == "process"]
         r = subprocess.run([sys.executable, "-m", "chaos.cli", "cleanup"], env=env, capture_output=True,
