@@ -4,6 +4,7 @@ slow, against the reference engine itself (``kvchaos engine serve``) under Local
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -14,7 +15,9 @@ import httpx
 import pytest
 
 from chaos.faults.base import FaultContext
+from chaos.faults.preempt import PREEMPTIONS
 from chaos.journal import open_entries
+from chaos.prometheus import scrape_counters
 from chaos.stack.local import LocalStack
 from kvchaos_support import fault, http_server, local_stack
 
@@ -200,31 +203,67 @@ x-kvchaos:
 """
 
 
+def preemptions(url: str) -> float:
+    """The engine's ``vllm:num_preemptions_total`` (0 before the first)."""
+    return scrape_counters(f"{url}/metrics", [PREEMPTIONS])[PREEMPTIONS] or 0.0
+
+
 @pytest.mark.slow
 def test_the_reference_engine_counts_the_preemptions(tmp_path):
+    """The fault is applied once the engine itself said all three requests are decoding, and
+    healed once it counted their preemptions; no guessed delays (on a loaded 2-core host three
+    400-token requests finished before a fixed 0.5 s delay was over, and a ``/debug/state``
+    poll, which waits for a step boundary, can take as long as such a request).
+
+    The engine's word comes from its stage watch (``GET /debug/requests/{id}?wait_for=decode``),
+    answered from the scheduler thread the moment the request decodes its first token, without
+    the state lock. From then each request still has 1499 decode steps to go
+    (seconds even on an idle core), ample for the hook's first call, which preempts every
+    running request.
+    """
+    max_tokens = 1500
     stack = local_stack(tmp_path, ENGINE_STACK)
     with stack:
         url = stack.settings.engine_url
-        results: list[dict] = []
+        rids = [f"preempt-me-{i}" for i in range(3)]
+        results: dict[str, dict] = {}
 
         def send(i: int) -> None:
-            r = httpx.post(f"{url}/v1/completions", timeout=120,
-                           json={"prompt": [(i * 7 + k) % 250 for k in range(40)], "max_tokens": 400})
-            results.append(r.json())
+            r = httpx.post(f"{url}/v1/completions", timeout=300, headers={"X-Request-Id": rids[i]},
+                           json={"prompt": [(i * 7 + k) % 250 for k in range(40)],
+                                 "max_tokens": max_tokens, "ignore_eos": True})
+            results[rids[i]] = r.json()
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)
+        with httpx.Client(base_url=url, timeout=120) as http, contextlib.ExitStack() as watches:
+            lines = []
+            for rid in rids:  # each watch is registered (first line) before its request is sent
+                resp = watches.enter_context(http.stream(
+                    "GET", f"/debug/requests/{rid}", params={"wait_for": "decode", "timeout_s": 60}))
+                it = resp.iter_lines()
+                assert json.loads(next(it))["watching"] == "decode"
+                lines.append(it)
+            for t in threads:
+                t.start()
+            reached = [json.loads(next(it)) for it in lines]
+        assert all(r["reached"] for r in reached), reached
         flt = fault("preempt", target="all", interval="200ms")
         ctx = FaultContext(stack=stack)
-        flt.apply(ctx)
-        time.sleep(1.0)
+        before = preemptions(url)
+        flt.apply(ctx)  # its first call, at once, finds all three running
+        deadline = time.monotonic() + 30
+        while preemptions(url) < before + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         flt.heal(ctx)
         for t in threads:
-            t.join(120)
+            t.join(300)
         ev = flt.evidence(ctx)
-        assert ev["bit"] is True and ev["preemptions"] > 0, ev
+        assert ev["bit"] is True and ev["preemptions"] >= 3, ev
+        assert set(rids) <= set(ev["preempted_ids"]), ev
         # preempted requests resume and finish
-        assert [r["choices"][0]["finish_reason"] for r in results] == ["length"] * 3
+        assert sorted(results) == sorted(rids)
+        for rid, r in results.items():
+            assert r["choices"][0]["finish_reason"] == "length", (rid, r)
+            assert r["usage"]["completion_tokens"] == max_tokens, (rid, r["usage"])
+            assert r["kv_transfer_params"]["cached_token_stats"]["num_preemptions"] >= 1, rid
     assert open_entries(stack.journal.path) == []
