@@ -118,7 +118,5 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
             name=NAME, verdict="unknown",
             summary=f"inconclusive: {acted_text}; {trig_text}; {where}: {first['problem']}",
             details=details)
-    return CheckResult(name=NAME, verdict="passed",
-                       summary=f"{acted_text}; {trig_text}" + (": " + ", ".join(r["fault_id"] for r in rows)
-                                                                if rows else ""),
-                       details=details)
+    names = f" ({', '.join(r['fault_id'] for r in rows)})" if rows else ""
+    return CheckResult(name=NAME, verdict="passed", summary=f"{acted_text}{names}; {trig_text}", details=details)

@@ -57,13 +57,19 @@ def _copy(s: Scenario) -> Scenario:
 
 def normalise(s: Scenario, check: str) -> Scenario:
     """The shrink's start: only the target ``check`` (plus its inputs), every phase's request
-    count explicit (so each phase shrinks on its own)."""
+    count explicit (so each phase shrinks on its own). Triggers feed only the ``evidence``
+    check: unless that is the target they are dropped with it (a trigger watch changes nothing
+    the stack does)."""
     c = _copy(s)
     keep = {check}
     cfg = {name: getattr(c.checks, name) for name in c.checks.enabled() if name in keep}
     c.checks = type(c.checks).model_validate({k: (v.model_dump() if v is not None else {}) for k, v in cfg.items()})
     for p in c.phases:
         p.requests = c.phase_requests(p)
+        if check != "evidence":
+            p.trigger = []
+            for f in p.faults:
+                f.trigger = []
     c.name = (c.name + "-shrunk")[:100]
     return c
 

@@ -63,7 +63,8 @@ def test_inconclusive_summary_names_the_first_dull_fault(hb):
     hb.fault("f2", "reset_peer", 6, 8, {"bit": False}, phase="p2")
     hb.fault("f3", "latency", 6, 8, None)
     r = evidence.check(hb.ops, Snapshots(), {})
-    assert r.summary == "inconclusive: 2 of 3 faults did not bite; reset_peer f2 (phase p2): did not bite"
+    assert r.summary == ("inconclusive: faults acted: 1 of 3; no trigger declared; reset_peer f2 (phase p2): "
+                         "did not bite")
     row = r.details["faults"][1]
     assert (row["fault_id"], row["kind"], row["phase"], row["applied_at"], row["healed_at"], row["bit"]) == (
         "f2", "reset_peer", "p2", 6.01, 8.01, False)
@@ -80,8 +81,8 @@ def test_passing_summary_lists_the_faults(hb):
     hb.fault("f1", "latency", 1, 5, {"bit": True})
     hb.fault("f2", "latency", 6, 8, {"bit": True})
     r = evidence.check(hb.ops, Snapshots(), {})
-    assert r.summary == "all 2 faults bit: f1, f2"
-    assert evidence.check([], Snapshots(), {}).summary == "no faults in this scenario"
+    assert r.summary == "faults acted: 2 of 2 (f1, f2); no trigger declared"
+    assert evidence.check([], Snapshots(), {}).summary == "no faults and no trigger in this scenario"
 def _trigger(reached: bool, increase: float = 0.0) -> dict:
     return {"reached": reached, "window_s": 2.0, "conditions": [
         {"condition": "lmcache metric lmcache_mp_l2_prefetch_failure_chunks_total grew by >= 1",

@@ -33,9 +33,11 @@ def test_the_shipped_stacks_let_both_adapters_be_wrapped(tmp_path):
 
     from chaos.stack.spec import load_stack
 
-    spec = load_stack(REPO / "compose/vllm-lmcache.yml", allocate_ports=False, require_commands=False)
-    gpu = SimpleNamespace(spec=spec, settings=spec.settings, env=spec.env, backend="compose")
-    assert [a.type for a in wrappable_adapters(gpu)] == ["resp"]
+    for gpu_stack in ("compose/vllm-lmcache.yml", "compose/sglang-lmcache.yml"):
+        spec = load_stack(REPO / gpu_stack, allocate_ports=False, require_commands=False)
+        gpu = SimpleNamespace(spec=spec, settings=spec.settings, env=spec.env, backend="compose")
+        assert [a.type for a in wrappable_adapters(gpu)] == ["resp", "fs"], gpu_stack
+        assert "lmcache.l2_wrap" in spec.capabilities(), gpu_stack
 
 
 @pytest.mark.slow

@@ -29,36 +29,36 @@ def _fails_when(pred):
     return fails, calls
 
 
-def _needs_pause_and_two_requests(s: Scenario) -> bool:
+def _needs_the_failed_retrieve_and_two_requests(s: Scenario) -> bool:
     kinds = {f.kind for p in s.phases for f in p.faults}
-    return "pause" in kinds and sum(s.phase_requests(p) for p in s.phases) >= 2
+    return "retrieve_fail" in kinds and sum(s.phase_requests(p) for p in s.phases) >= 2
 
 
 def test_shrink_reaches_a_local_minimum_and_keeps_only_the_check() -> None:
-    fails, _ = _fails_when(_needs_pause_and_two_requests)
+    fails, _ = _fails_when(_needs_the_failed_retrieve_and_two_requests)
     res = shrink(_scenario(), "recompute_equivalence", fails, reruns=3)
     s = res.scenario
     assert res.verified == 3 and s.checks.enabled() == ["recompute_equivalence"]
-    assert [f.kind for p in s.phases for f in p.faults] == ["pause"]
+    assert [f.kind for p in s.phases for f in p.faults] == ["retrieve_fail"]
     assert size(s)["requests"] == 2 and len(s.phases) == 1
     assert s.workload.concurrency == 1 and s.workload.max_tokens == 1
     assert res.original["requests"] == 6 and res.final == size(s)
     # no single reduction of the result still fails: it is 1-minimal for the predicate
-    assert not any(_needs_pause_and_two_requests(c) for _, c in reductions(s)
+    assert not any(_needs_the_failed_retrieve_and_two_requests(c) for _, c in reductions(s)
                    if any(c.phase_requests(p) for p in c.phases))
 
 
 def test_two_shrinks_give_the_same_file(tmp_path: Path) -> None:
     texts = []
     for _ in range(2):
-        fails, _ = _fails_when(_needs_pause_and_two_requests)
+        fails, _ = _fails_when(_needs_the_failed_retrieve_and_two_requests)
         res = shrink(_scenario(), "recompute_equivalence", fails)
         texts.append(scenario_yaml(res.scenario, tmp_path / "x.yaml", "header"))
     assert texts[0] == texts[1]
 
 
 def test_written_yaml_loads_back_as_the_same_scenario(tmp_path: Path) -> None:
-    fails, _ = _fails_when(_needs_pause_and_two_requests)
+    fails, _ = _fails_when(_needs_the_failed_retrieve_and_two_requests)
     res = shrink(_scenario(), "recompute_equivalence", fails)
     out = tmp_path / "sub" / "shrunk.yaml"
     out.parent.mkdir()
