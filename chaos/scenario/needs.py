@@ -54,6 +54,14 @@ def scenario_needs(scenario: Scenario) -> list[Need]:
         cls = fault_registry.get(fault.kind)
         for cap in sorted(cls.capability_needs(fault)):
             out.append(Need(("phases", p, "faults", f), cap, f"fault {fault.id!r} ({fault.kind})"))
+    owners = [(("phases", p, "faults", f, "trigger"), fault.trigger, f"the trigger of fault {fault.id!r}")
+              for p, f, fault in scenario.faults()]
+    owners += [(("phases", p, "trigger"), phase.trigger, f"the trigger of phase {phase.name!r}")
+               for p, phase in enumerate(scenario.phases)]
+    for path, conditions, who in owners:
+        for i, cond in enumerate(conditions):
+            for cap in trigger_needs(cond):
+                out.append(Need(path + (i,), cap, who))
     for name in scenario.checks.enabled():
         spec = check_registry.get(name)
         for cap in sorted(spec.capability_needs(getattr(scenario.checks, name))):
@@ -68,6 +76,29 @@ def scenario_needs(scenario: Scenario) -> list[Need]:
     tenants = scenario.workload.tenants
     if (len(tenants) if isinstance(tenants, list) else tenants) > 1:
         out.append(Need(("workload", "tenants"), "engine.cache_salt", "workload.tenants > 1"))
+    return out
+
+
+#: Name prefix of the reference engine's own counters (chaos/engine/metrics.py; docs/reach.md).
+KVCHAOS_ENGINE_METRICS = "kvchaos_engine_"
+
+
+def trigger_needs(cond) -> list[str]:
+    """What one trigger condition (chaos.probes.Condition) needs from the stack: the engine's
+    /metrics for a metric of the engine, the reference engine's ``kvchaos_engine_*`` counters
+    (no other engine has them: on vLLM the trigger could never be reached, so the run would
+    end inconclusive), its /debug/state for a JSON probe of it, LMCache's HTTP API for a
+    relative URL of LMCache."""
+    out: list[str] = []
+    relative = cond.probe != "log" and (cond.url is None or cond.url.startswith("/"))
+    if cond.service == "engine" and cond.probe == "metric":
+        out.append("engine.metrics")
+        if any(n.startswith(KVCHAOS_ENGINE_METRICS) for n in cond.metric_names):
+            out.append("engine.kvchaos_metrics")
+    if cond.service == "engine" and cond.probe == "json" and relative and (cond.url or "").startswith("/debug/"):
+        out.append("engine.debug_state")
+    if cond.service == "lmcache" and relative:
+        out.append("lmcache.http")
     return out
 
 

@@ -30,6 +30,9 @@ CAPABILITIES: dict[str, str] = {
     # The engine's HTTP surface beyond the OpenAI completions API.
     "engine.metrics": "GET {engine_url}/metrics: Prometheus text with the names in "
                       "x-kvchaos.engine_metrics (preemptions, running/waiting requests, hits)",
+    "engine.kvchaos_metrics": "the reference engine's own counters on {engine_url}/metrics "
+                              "(kvchaos_engine_lookup_timeouts_total, ..._load_failures_total, "
+                              "..._aborts_total; docs/reach.md), which triggers may probe",
     "engine.debug_state": "GET {engine_url}/debug/state: JSON engine state (blocks, sessions, "
                           "pending lookups), as the reference engine serves it",
     "engine.hooks.preempt": "POST {engine_url}/hooks/preempt: preempt running requests now "

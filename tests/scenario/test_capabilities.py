@@ -12,10 +12,14 @@ from typer.testing import CliRunner
 from chaos.faults.base import Fault, FaultParams
 from chaos.faults.registry import register
 from chaos.scenario.cli import app
-from chaos.scenario.loader import load_scenario, validate_against_stack
+from chaos.scenario.loader import check_scenario, load_scenario, validate_against_stack
 from chaos.scenario.needs import missing, need_met, scenario_needs
 from chaos.stack.capabilities import CAPABILITIES, DERIVED, is_known
+
+REPO = Path(__file__).resolve().parents[2]
 from chaos.stack.spec import load_stack
+
+REPO = Path(__file__).resolve().parents[2]
 from chaos.yamlsource import ConfigError
 
 runner = CliRunner()
@@ -183,3 +187,32 @@ def test_missing_keeps_file_order(tmp_path: Path) -> None:
     scenario = load_scenario(_write(tmp_path, BARE))
     got = [n.capability for n in missing(scenario_needs(scenario), set())]
     assert got[0] == "engine.hooks.preempt" and got.index("engine.logprobs") > got.index("engine.hooks.stall")
+
+
+def test_a_trigger_on_the_reference_engines_own_counters_needs_them(tmp_path: Path) -> None:
+    """A trigger on ``kvchaos_engine_*`` can never be reached on vLLM (no such counter): the
+    scenario is refused there at validation, not run to an inconclusive end."""
+    from chaos.probes import Condition
+    from chaos.scenario.needs import trigger_needs
+
+    assert trigger_needs(Condition(metric="kvchaos_engine_lookup_timeouts_total", service="engine", grew_by=1)) == [
+        "engine.metrics", "engine.kvchaos_metrics"]
+    assert trigger_needs(Condition(metric="vllm:num_preemptions_total", service="engine", grew_by=1)) == [
+        "engine.metrics"]
+    assert trigger_needs(Condition(json="num_pending_lookups", url="/debug/state", service="engine",
+                                   reached=1)) == ["engine.debug_state"]
+    assert trigger_needs(Condition(metric="lmcache_mp_lookup_hit_tokens_total", service="lmcache",
+                                   grew_by=1)) == ["lmcache.http"]
+    assert trigger_needs(Condition(log="LOOKUP to \\S+ timed out", service="engine")) == []
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(f"""name: s
+stack: {REPO / 'compose' / 'vllm-lmcache.yml'}
+phases:
+  - name: p
+    trigger: {{metric: kvchaos_engine_aborts_total, service: engine, grew_by: 1}}
+checks: {{evidence: {{}}}}
+""")
+    check = check_scenario(scenario)
+    assert not check.ok
+    msg = "\n".join(str(p) for p in check.problems)
+    assert "s.yaml:5: phases[0].trigger[0]" in msg and "engine.kvchaos_metrics" in msg, msg
