@@ -19,7 +19,6 @@ from chaos.stack.capabilities import CAPABILITIES, DERIVED, is_known
 REPO = Path(__file__).resolve().parents[2]
 from chaos.stack.spec import load_stack
 
-REPO = Path(__file__).resolve().parents[2]
 from chaos.yamlsource import ConfigError
 
 runner = CliRunner()
