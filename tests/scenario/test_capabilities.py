@@ -15,11 +15,10 @@ from chaos.scenario.cli import app
 from chaos.scenario.loader import check_scenario, load_scenario, validate_against_stack
 from chaos.scenario.needs import missing, need_met, scenario_needs
 from chaos.stack.capabilities import CAPABILITIES, DERIVED, is_known
+from chaos.stack.spec import load_stack
+from chaos.yamlsource import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-from chaos.stack.spec import load_stack
-
-from chaos.yamlsource import ConfigError
 
 runner = CliRunner()
 
