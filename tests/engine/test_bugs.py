@@ -279,7 +279,10 @@ def test_no_reconnect(planted: bool, make_engine, twin: Engine, clean_fragile: E
     eng = engine_for(planted, "no-reconnect", clean_fragile, make_engine)
     p = random_prompt(f"bugs:{1400 + planted}", 600)
     eng.complete(p, 2)
-    assert stats(eng.complete(p, 2))["external_cache_hit_tokens"] == 512
+    # the fragile stack's 1 s MQ timeout: on a loaded host one lookup may time out; the point
+    # here is only that the prefix hits before LMCache is lost
+    hits = [stats(eng.complete(p, 2))["external_cache_hit_tokens"] for _ in range(3)]
+    assert 512 in hits, hits
     fragile_stack.server.signal(signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 15

@@ -46,4 +46,4 @@ def test_trigger_not_reached_is_inconclusive_and_reached_passes(tmp_path):
     code, result = run(tmp_path / "b", text.replace('          - {log: "a line redis never writes", service: redis}\n', ""))
     (ev,) = [c for c in result["checks"] if c["name"] == "evidence"]
     assert code == 0, ev["summary"]
-    assert ev["summary"].startswith("faults acted: 1 of 1; triggers reached: 1 of 1")
+    assert ev["summary"] == "faults acted: 1 of 1 (slow-link); triggers reached: 1 of 1"
