@@ -256,7 +256,9 @@ def run_cmd(
     try:
         with interrupts.handling():
             try:
-                _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack)
+                _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack, proxy=proxy,
+                     numerics=numerics, equivalence=equivalence, diagnose=diagnose,
+                     diagnose_budget=diagnose_budget)
             except interrupts.RunInterrupted as exc:
                 # Already reported by _run when the suite had started; the exit code says which.
                 if exc.suite_dir is None:
@@ -267,7 +269,8 @@ def run_cmd(
 
 
 def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool, report_dir: Path,
-         bug: list[str] | None, timeout: float, stack: Path | None) -> None:
+         bug: list[str] | None, timeout: float, stack: Path | None, *, proxy: str | None,
+         numerics: str | None, equivalence: str | None, diagnose: int, diagnose_budget: float) -> None:
     from chaos import interrupts
     from chaos.report.suite import build_suite, print_suite, suite_exit_code
     from chaos.runner.suite import SuiteOptions, load_and_validate, run_suite
