@@ -595,7 +595,8 @@ def _is_tag(mapping: Mapping, step: str) -> bool:
 
 def _short(value: Any, limit: int = 60) -> str:
     if isinstance(value, str):
-        s = value
+        # one line per problem: a value's newlines and other control characters are escaped
+        s = value if value.isprintable() else repr(value)[1:-1]
     else:
         try:
             s = json.dumps(value, default=str)
