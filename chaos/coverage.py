@@ -254,8 +254,9 @@ class Requirement:
     Attributes:
         paths: named paths that must all have run in the scenario.
         any_paths: at least one of these must have run (when given).
-        faults: at least one fault of these kinds (``kind`` or ``kind@service-or-link``)
-            must be in the scenario (for triggers outside the engine: disk, L2, Redis).
+        faults: at least one fault of these kinds (``kind`` or ``kind@service-or-link``;
+            ``tier_flush@<tier>`` for each tier a flush empties) must be in the scenario (for
+            triggers outside the engine: disk, L2, Redis, the engine's own prefix cache).
         tenants: the workload must send more than one tenant (cache_salt).
     """
 
@@ -293,7 +294,7 @@ REPORT_PATHS: list[ReportPath] = [
                (Requirement(paths=("local-prefix.match", "load.beyond-local-hit")),)),
     ReportPath("F2", "LMCache issue 5151, exact chunk multiple, full hit after local reset",
                (Requirement(paths=("local-prefix.match", "hook.reset-prefix-cache", "load.ok"),
-                            faults=("hook@engine",)),)),
+                            faults=("tier_flush@engine",)),)),
     ReportPath("F3", "Dynamo issue 15079, L2 transfer fails after a positive lookup",
                (Requirement(paths=("load.failed", "load.failed-free-locks")),)),
     ReportPath("F4", "vLLM issue 49176, L2 object truncated after lookup",
@@ -541,6 +542,16 @@ def summarize(data_file: Path, scenarios: list[str], *, row: str = "clean", root
         named[p.name] = {"file": key, "function": p.function, "line": lineno, "about": p.about,
                          "bug_only": p.name in BUG_ONLY_PATHS,
                          "scenarios": [s for s in scenarios if lineno in runs[s][key]["executed_lines"]]}
+    reports = report_map(named, list(scenarios), facts)
+    return {"row": row, "scenarios": list(scenarios), "figure": figure,
+            "per_scenario": per_scenario, "named_paths": named, "reports": reports,
+            "branches": branches_out}
+
+
+def report_map(named: dict, scenarios: list[str], facts: dict[str, dict]) -> dict:
+    """F1..F12 -> ``{"title", "scenarios", "requirement"}``: which of ``scenarios`` meet a
+    report's requirement (``REPORT_PATHS``), given the named paths each ran (``named``, as in
+    ``summarize``'s ``named_paths``) and each scenario's faults and tenants (``facts``)."""
     reports = {}
     for rp in REPORT_PATHS:
         listed = []
@@ -550,9 +561,25 @@ def summarize(data_file: Path, scenarios: list[str], *, row: str = "clean", root
                 listed.append(s)
         reports[rp.report] = {"title": rp.title, "scenarios": listed,
                               "requirement": " **or** ".join(w.describe() for w in rp.ways)}
-    return {"row": row, "scenarios": list(scenarios), "figure": figure,
-            "per_scenario": per_scenario, "named_paths": named, "reports": reports,
-            "branches": branches_out}
+    return reports
+
+
+def refresh_reports(summary: dict, facts: dict[str, dict]) -> dict:
+    """The stored measurement's field-report map derived again with today's ``REPORT_PATHS``
+    and scenario ``facts`` (the engine paths each scenario ran stay as measured)."""
+    return report_map(summary["named_paths"], summary["scenarios"], facts)
+
+
+def scenario_facts_of_catalogue(scenarios_dir: Path = ROOT / "scenarios") -> dict[str, dict]:
+    """``scenario_facts_of`` for every scenario file of the catalogue, by name.
+
+    Raises:
+        chaos.yamlsource.ConfigError: a scenario file is invalid.
+    """
+    from chaos.runner.suite import load_and_validate
+    from chaos.scenario.loader import discover_scenarios
+
+    return {s.name: scenario_facts_of(s) for s in load_and_validate(discover_scenarios(scenarios_dir))}
 
 
 def _meets(req: Requirement, reached: set[str], facts: dict) -> bool:
@@ -571,11 +598,14 @@ def _meets(req: Requirement, reached: set[str], facts: dict) -> bool:
 
 
 def scenario_facts_of(scenario: object) -> dict:
-    """``{"faults": ["kind@service-or-link", ...], "tenants": n}`` of a loaded Scenario."""
+    """``{"faults": ["kind@service-or-link", ...], "tenants": n}`` of a loaded Scenario
+    (a ``tier_flush`` is ``tier_flush@<tier>`` once per tier it empties)."""
     faults = []
     for _p, _f, fault in scenario.faults():  # type: ignore[attr-defined]
-        target = getattr(fault, "service", None) or getattr(fault, "link", None) or ""
-        faults.append(f"{fault.kind}@{target}" if target else fault.kind)
+        targets = [getattr(fault, "service", None) or getattr(fault, "link", None) or ""]
+        if fault.kind == "tier_flush":
+            targets = list(fault.tiers)
+        faults += [f"{fault.kind}@{t}" if t else fault.kind for t in targets]
     tenants = scenario.workload.tenants  # type: ignore[attr-defined]
     return {"faults": sorted(set(faults)),
             "tenants": tenants if isinstance(tenants, int) else len(tenants)}
@@ -787,6 +817,11 @@ def docs_command(
 ) -> None:
     """Regenerate docs/coverage.md and docs/catalogue.md's field-report map from the summary."""
     summary = json.loads(summary_path.read_text())
+    refreshed = refresh_reports(summary, scenario_facts_of_catalogue())
+    if refreshed != summary["reports"] and not check:
+        summary["reports"] = refreshed
+        summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+        typer.echo(f"updated the field-report map of {summary_path} (conditions or scenario files changed)")
     if check:
         problems = check_docs(summary)
         for p in problems:

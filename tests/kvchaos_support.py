@@ -271,3 +271,31 @@ def echo(conn: socket.socket) -> None:
         if not data:
             return
         conn.sendall(data)
+
+
+def run_pooled(pool, tmp_path: Path, text: str, stack_file: Path, run_id: str, timeout_s: float = 400):
+    """Run the scenario ``text`` (``STACK`` in it replaced by ``stack_file``) on a stack of
+    ``pool`` (chaos.runner.stacks.StackPool, reset between scenarios as a suite does).
+
+    Returns:
+        ``(RunResult, {check name: CheckResult})``; AssertionError when the run had an error.
+    """
+    from chaos.runner.run import run_scenario
+    from chaos.runner.suite import load_and_validate
+
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("STACK", str(stack_file)))
+    (scenario,) = load_and_validate([path])
+    stack = pool.acquire(stack_file, scenario.stack_variables())
+    result = run_scenario(scenario, stack, tmp_path / "run", run_id=run_id, timeout_s=timeout_s)
+    pool.release(stack_file, result)
+    assert result.error is None, result.error
+    return result, {c.name: c for c in result.checks}
+
+
+def scenario_text(name: str, phases: str, *, workload: str, checks: str, bugs: str = "[]",
+                  variables: str = "{}") -> str:
+    """A scenario file on ``STACK`` (see :func:`run_pooled`) with these phases, workload and
+    checks (YAML text, ``phases`` and ``checks`` indented as items of their keys)."""
+    return (f"name: {name}\ndescription: test\nstack: STACK\nseed: 5\nengine: {{bugs: {bugs}}}\n"
+            f"variables: {variables}\nworkload: {workload}\nphases:\n{phases}checks:\n{checks}")

@@ -27,7 +27,6 @@ counted the failed load; bit when at least one round did.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Any, Literal
@@ -38,6 +37,7 @@ from pydantic import Field
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
+from chaos.faults.stall import arm_stall, clear_stall, stall_line
 from chaos.probes import LogCursor, ProbeError, read_metric
 from chaos.scenario.duration import PositiveDuration
 
@@ -45,7 +45,7 @@ __all__ = ["RetrieveFailParams", "RetrieveFail", "STALL_LINE", "LOAD_FAILURES"]
 
 #: The reference engine's log line when its stall hook holds it (chaos/engine/scheduler.py); not
 #: the 0 s stall that heal leaves to clear the hook (its API takes count >= 1).
-STALL_LINE = re.compile(r"hook: stalling (?!0\.00s)[0-9.]+s at before_retrieve")
+STALL_LINE = stall_line("before_retrieve")
 #: The reference engine's count of retrieves that failed (chaos/engine/metrics.py).
 LOAD_FAILURES = "kvchaos_engine_load_failures_total"
 _POLL_S = 0.02
@@ -203,14 +203,12 @@ class RetrieveFail(Fault):
             if base is None:
                 raise RuntimeError(f"retrieve_fail: the engine's {LOAD_FAILURES} could not be read: "
                                    f"{self._errors[-1] if self._errors else ''}")
-            r = client.post(f"{self._engine_url}/hooks/stall", timeout=10,
-                            json={"point": "before_retrieve", "seconds": self.params.hold, "count": self.params.count})
-            r.raise_for_status()
+        armed = arm_stall(self._engine_url, "before_retrieve", self.params.hold, self.params.count)
         self._armed = True
         self._thread = threading.Thread(target=self._watch, args=(ctx, cursor, base),
                                         name=f"retrieve_fail-{self.id}", daemon=True)
         self._thread.start()
-        return {"armed": r.json(), "break_with": self.params.break_with, "failures_before": base}
+        return {"armed": armed, "break_with": self.params.break_with, "failures_before": base}
 
     def heal(self, ctx: FaultContext) -> dict[str, Any]:
         """Stop the watcher, mend the path, clear the engine's remaining stalls."""
@@ -224,12 +222,7 @@ class RetrieveFail(Fault):
             mend_error = f"{type(exc).__name__}: {exc}"
         cleared = None
         if self._armed and self._engine_url and len(self._rounds) < self.params.count:
-            try:  # the hook replaces what is pending: one stall of 0 s is all that is left
-                r = httpx.post(f"{self._engine_url}/hooks/stall", timeout=10,
-                               json={"point": "before_retrieve", "seconds": 0, "count": 1})
-                cleared = r.status_code
-            except httpx.HTTPError as exc:
-                cleared = f"{type(exc).__name__}: {exc}"
+            cleared = clear_stall(self._engine_url, "before_retrieve")
         if mend_error:
             raise RuntimeError(f"retrieve_fail: could not mend the path: {mend_error}")
         return {"rounds": len(self._rounds), "stalls_cleared": cleared}

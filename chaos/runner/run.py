@@ -390,7 +390,8 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
 
 
 def _evaluate(scenario: Scenario, stack: Stack, settings, history: HistoryWriter, snapshots: Snapshots,
-              exits_before: int, started: float, leak_sources: list, tolerant: bool, say) -> dict[str, Any]:
+              exits_before: int, started: float, leak_sources: list[LeakSource], tolerant: bool,
+              say) -> dict[str, Any]:
     """Quiesce (leak sources), service exits and the recompute oracle into ``snapshots``;
     returns what the oracle said of itself (oracle.json; {} without the check)."""
     say("quiesce")

@@ -39,6 +39,9 @@ CAPABILITIES: dict[str, str] = {
                             "(reference engine fault hook)",
     "engine.hooks.stall": "POST {engine_url}/hooks/stall: hold the scheduler before lookup, "
                           "retrieve or store (reference engine fault hook)",
+    "engine.hooks.lmcache": "POST {engine_url}/hooks/lmcache: the engine makes one raw call of "
+                            "LMCache's scheduler adapter (free_lookup_locks, lookup_then_end_session; "
+                            "reference engine fault hook)",
     "engine.reset_prefix_cache": "POST {engine_url}/reset_prefix_cache: empty the engine's own "
                                  "prefix cache (vLLM: needs VLLM_SERVER_DEV_MODE=1)",
     "engine.cache_stats": "per-request cache accounting in the completion "

@@ -153,3 +153,24 @@ def test_out_of_reach_and_bug_only_paths_are_named_paths():
     known = {p.name for p in cc.NAMED_PATHS}
     assert set(cc.OUT_OF_REACH) <= known and cc.BUG_ONLY_PATHS <= known
     assert not set(cc.OUT_OF_REACH) & cc.BUG_ONLY_PATHS
+
+
+def test_stored_field_report_map_follows_todays_conditions_and_scenarios():
+    """The stored map is what REPORT_PATHS give for today's scenario files (`kvchaos coverage
+    docs` re-derives it): a condition naming a fault no scenario has any more is noticed."""
+    assert SUMMARY["reports"] == cc.refresh_reports(SUMMARY, cc.scenario_facts_of_catalogue())
+
+
+def test_a_tier_flush_counts_once_per_tier(tmp_path: Path):
+    from kvchaos_support import fault  # noqa: F401  (registers the fault kinds)
+    from chaos.scenario.model import Scenario
+
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "checks": {"evidence": {}},
+         "phases": [{"name": "p", "faults": [{"kind": "tier_flush", "tiers": ["engine", "l1"], "duration": 1},
+                                             {"kind": "pause", "service": "redis", "duration": 1}]}]},
+        context={"check_paths": False})
+    assert cc.scenario_facts_of(s)["faults"] == ["pause@redis", "tier_flush@engine", "tier_flush@l1"]
+    way = cc.Requirement(faults=("tier_flush@engine",))
+    assert cc._meets(way, set(), cc.scenario_facts_of(s))
+    assert not cc._meets(way, set(), {"faults": ["tier_flush@l1"]})

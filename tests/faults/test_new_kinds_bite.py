@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.runner.run import run_scenario
 from chaos.runner.stacks import StackPool
-from chaos.runner.suite import load_and_validate
+from kvchaos_support import run_pooled, scenario_text
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "compose" / "reference.yml"
@@ -52,19 +51,11 @@ def pool(tmp_path_factory):
 
 
 def run(pool, tmp_path: Path, text: str):
-    path = tmp_path / "s.yaml"
-    path.write_text(text.replace("STACK", str(STACK)))
-    (scenario,) = load_and_validate([path])
-    stack = pool.acquire(STACK, scenario.stack_variables())
-    result = run_scenario(scenario, stack, tmp_path / "run", run_id=f"bite-{tmp_path.name}", timeout_s=400)
-    pool.release(STACK, result)
-    assert result.error is None, result.error
-    return result, {c.name: c for c in result.checks}
+    return run_pooled(pool, tmp_path, text, STACK, f"bite-{tmp_path.name}")
 
 
 def _scenario(name: str, phases: str, *, bugs: str = "[]", workload: str, checks: str) -> str:
-    return (f"name: {name}\ndescription: test\nstack: STACK\nseed: 5\nengine: {{bugs: {bugs}}}\n"
-            f"workload: {workload}\nphases:\n{phases}checks:\n{checks}")
+    return scenario_text(name, phases, bugs=bugs, workload=workload, checks=checks)
 
 
 RETRIEVE_PHASES = """\
