@@ -8,8 +8,8 @@ SUITE ?= scenarios/smoke.yaml scenarios/lookup-timeout.yaml scenarios/node-exit-
 
 # The real Toxiproxy (chaos/proxy/real.py): KVCHAOS_TOXIPROXY_BIN when set, else toxiproxy-server
 # on PATH, else the build kept beside the checkout (../shared/tools/toxiproxy/, also from a
-# worktree one level deeper). `make test` runs the catalogue with it too; under CI it must exist.
-KVCHAOS_TOXIPROXY_BIN ?= $(or $(shell command -v toxiproxy-server 2>/dev/null),$(abspath $(firstword $(wildcard ../shared/tools/toxiproxy/toxiproxy-server ../../shared/tools/toxiproxy/toxiproxy-server))))
+# worktree one level deeper), else this machine's shared folder (/work/shared, for a clone elsewhere). `make test` runs the catalogue with it too; under CI it must exist.
+KVCHAOS_TOXIPROXY_BIN ?= $(or $(shell command -v toxiproxy-server 2>/dev/null),$(abspath $(firstword $(wildcard ../shared/tools/toxiproxy/toxiproxy-server ../../shared/tools/toxiproxy/toxiproxy-server /work/shared/tools/toxiproxy/toxiproxy-server))))
 export KVCHAOS_TOXIPROXY_BIN
 # Network-fault scenarios, also run under --backend compose with the real server in a container.
 NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml

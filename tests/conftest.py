@@ -30,7 +30,7 @@ def _default_toxiproxy_bin() -> None:
     if os.environ.get("KVCHAOS_TOXIPROXY_BIN") or shutil.which("toxiproxy-server"):
         return
     repo = Path(__file__).resolve().parents[1]
-    for up in (repo.parent, repo.parent.parent):
+    for up in (repo.parent, repo.parent.parent, Path("/work")):  # beside the checkout, or this machine's
         candidate = up / "shared" / "tools" / "toxiproxy" / "toxiproxy-server"
         if candidate.is_file() and os.access(candidate, os.X_OK):
             os.environ["KVCHAOS_TOXIPROXY_BIN"] = str(candidate)
