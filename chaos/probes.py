@@ -24,6 +24,13 @@ A service is named by its stack role (``engine``, ``recompute``, ``lmcache``, ``
 scenario reads the same on every stack. ``url`` is a path joined to the service's HTTP address
 from ``x-kvchaos`` (``/status``), or an absolute URL that may use the stack's ``${VARS}``.
 
+``only_with: CAPABILITY`` (a name of chaos/stack/capabilities.py) watches a condition only on
+stacks that offer that capability (the reference engine's ``kvchaos_engine_*`` counters next to
+a portable log line of LMCache's client adapter): elsewhere it is reported "not applicable on
+this stack", never counted as reached, and needs nothing. A trigger is reached when every
+applicable condition is; a trigger none of whose conditions applies is never reached (the run
+is inconclusive, and validation against such a stack refuses it).
+
 A probe that cannot be read counts as "not seen", never as seen: an unreachable endpoint makes
 a trigger unreached (the run inconclusive), never a false pass.
 """
@@ -43,7 +50,7 @@ from chaos.prometheus import text_samples
 
 __all__ = ["Condition", "Trigger", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
            "http_base", "read_json_number", "read_metric", "LogCursor", "json_at",
-           "trigger_problems", "SAMPLE_EVERY_S"]
+           "trigger_problems", "stack_capabilities", "SAMPLE_EVERY_S"]
 
 #: Seconds between samples of a trigger's numbers while its fault is in place.
 SAMPLE_EVERY_S = 0.2
@@ -90,6 +97,10 @@ class Condition(BaseModel):
                                   "at least this (metric, json: a gauge)")
     matched: int | None = Field(default=None, ge=1, description="at least this many new log lines "
                                 "matched (log; default 1)")
+    only_with: str | None = Field(default=None, min_length=1,
+                                  description="watch this condition only on stacks that offer this "
+                                  "capability (chaos/stack/capabilities.py, e.g. engine.kvchaos_metrics); "
+                                  "elsewhere it is reported not applicable and needs nothing")
 
     @model_validator(mode="after")
     def _one_probe(self) -> Condition:
@@ -117,7 +128,18 @@ class Condition(BaseModel):
                 raise ValueError("a `json` condition needs `url` (e.g. /status)")
         if self.labels and self.metric is None:
             raise ValueError("`labels` is for `metric` conditions")
+        if self.only_with is not None:
+            from chaos.stack.capabilities import CAPABILITIES, is_known
+
+            if not is_known(self.only_with):
+                raise ValueError(f"only_with: unknown capability {self.only_with!r}; known: "
+                                 + ", ".join(sorted(CAPABILITIES)) + ", var:NAME")
         return self
+
+    def applies(self, capabilities: set[str] | None) -> bool:
+        """True when this condition is watched on a stack offering ``capabilities`` (always
+        without ``only_with``; never when the stack's capabilities are unknown)."""
+        return self.only_with is None or (capabilities is not None and self.only_with in capabilities)
 
     @property
     def metric_names(self) -> list[str]:
@@ -131,7 +153,12 @@ class Condition(BaseModel):
         return "metric" if self.metric is not None else "json" if self.json_path is not None else "log"
 
     def describe(self) -> str:
-        """One line for reports, e.g. ``lmcache metric x{reason=not_found} grew by >= 1``."""
+        """One line for reports, e.g. ``lmcache metric x{reason=not_found} grew by >= 1``
+        (with `` [only with CAP]`` for an ``only_with`` condition)."""
+        only = f" [only with {self.only_with}]" if self.only_with else ""
+        return self._describe() + only
+
+    def _describe(self) -> str:
         if self.probe == "log":
             return f"{self.service} log /{self.log}/ matched >= {self.matched or 1} line(s)"
         if self.probe == "metric":
@@ -217,11 +244,15 @@ def probe_url(cond: Condition, settings: Any, env: dict[str, str]) -> str:
     return interpolate(url, env)
 
 
-def trigger_problems(conditions: list[Condition], settings: Any, services: Any) -> list[tuple[tuple, str]]:
+def trigger_problems(conditions: list[Condition], settings: Any, services: Any,
+                     capabilities: set[str] | None = None) -> list[tuple[tuple, str]]:
     """What is wrong with ``conditions`` on this stack, as ``[(path within the trigger, message)]``
-    (empty: nothing): unknown services, relative URLs of services without an HTTP address."""
+    (empty: nothing): unknown services, relative URLs of services without an HTTP address. With
+    ``capabilities``, a condition that does not apply there (``only_with``) is not checked."""
     out: list[tuple[tuple, str]] = []
     for i, cond in enumerate(conditions):
+        if capabilities is not None and not cond.applies(capabilities):
+            continue
         try:
             resolve_service(cond.service, settings, services)
         except ValueError as exc:
@@ -361,9 +392,10 @@ class LogCursor:
 class _Probe:
     """One condition being watched: its readings so far."""
 
-    def __init__(self, cond: Condition, stack: Any) -> None:
+    def __init__(self, cond: Condition, stack: Any, applicable: bool = True) -> None:
         self.cond = cond
         self.stack = stack
+        self.applicable = applicable
         self.url: str | None = None
         self.service = cond.service
         self.baseline: float | None = None
@@ -376,6 +408,8 @@ class _Probe:
         self.matched = 0
         self.lines: list[str] = []
         self.cursor: LogCursor | None = None
+        if not applicable:
+            return
         try:
             self.service = resolve_service(cond.service, stack.settings)
             if cond.probe == "log":
@@ -450,8 +484,12 @@ class _Probe:
 
     def result(self) -> dict[str, Any]:
         c = self.cond
+        if not self.applicable:
+            return {"condition": c.describe(), "probe": c.probe, "service": self.service,
+                    "reached": False, "applicable": False,
+                    "note": f"not applicable on this stack (only with {c.only_with}, which it does not offer)"}
         out: dict[str, Any] = {"condition": c.describe(), "probe": c.probe, "service": self.service,
-                               "reached": self.reached()}
+                               "reached": self.reached(), "applicable": True}
         if c.probe == "log":
             out.update(matched=self.matched, want=c.matched or 1, lines=self.lines)
         else:
@@ -474,12 +512,15 @@ class TriggerWatch:
 
     Args:
         conditions: the trigger (all must be reached).
-        stack: the running stack (``settings``, ``env``, and its logs).
+        stack: the running stack (``settings``, ``env``, its logs, and ``spec.capabilities()``).
         every_s: seconds between samples of the numbers.
+        capabilities: what the stack offers, for ``only_with``; None: ``stack_capabilities(stack)``.
     """
 
-    def __init__(self, conditions: list[Condition], stack: Any, every_s: float = SAMPLE_EVERY_S) -> None:
-        self.probes = [_Probe(c, stack) for c in conditions]
+    def __init__(self, conditions: list[Condition], stack: Any, every_s: float = SAMPLE_EVERY_S,
+                 capabilities: set[str] | None = None) -> None:
+        have = stack_capabilities(stack) if capabilities is None else capabilities
+        self.probes = [_Probe(c, stack, c.applies(have)) for c in conditions]
         self.every_s = every_s
         self._client = httpx.Client()
         self._stop = threading.Event()
@@ -528,7 +569,23 @@ class TriggerWatch:
 
     def result(self) -> dict[str, Any]:
         """``{"reached": bool, "conditions": [...], "window_s": float}``: reached when every
-        condition was."""
+        applicable condition was and at least one applies (``only_with``); with none applicable,
+        ``reached`` is False and ``note`` says why."""
         rows = [p.result() for p in self.probes]
         window = (self.finished_at - self.began_at) if self.began_at and self.finished_at else None
-        return {"reached": all(r["reached"] for r in rows), "conditions": rows, "window_s": window}
+        live = [r for r in rows if r["applicable"]]
+        out: dict[str, Any] = {"reached": bool(live) and all(r["reached"] for r in live),
+                               "conditions": rows, "window_s": window}
+        if rows and not live:
+            out["note"] = "no condition of this trigger applies on this stack (only_with)"
+        return out
+
+
+def stack_capabilities(stack: Any) -> set[str] | None:
+    """What a running stack offers (``stack.spec.capabilities()``); None when it cannot say
+    (then every ``only_with`` condition is inapplicable: never counted as reached)."""
+    spec = getattr(stack, "spec", None)
+    try:
+        return set(spec.capabilities()) if spec is not None else None
+    except Exception:  # a stand-in stack without a spec
+        return None

@@ -46,9 +46,14 @@ def _why_not(f: FaultRecord) -> str | None:
 
 
 def _unreached(trigger: dict[str, Any]) -> str:
-    """The first condition of ``trigger`` that was not reached, said with what was seen."""
-    for c in trigger.get("conditions") or []:
-        if c.get("reached"):
+    """The first applicable condition of ``trigger`` that was not reached, said with what was
+    seen (or that none of its conditions applies on this stack: ``only_with``)."""
+    conditions = trigger.get("conditions") or []
+    if conditions and not any(c.get("applicable", True) for c in conditions):
+        return ("not reached: no condition applies on this stack ("
+                + "; ".join(str(c.get("condition")) for c in conditions) + ")")
+    for c in conditions:
+        if c.get("reached") or not c.get("applicable", True):
             continue
         seen = (f"matched {c.get('matched', 0)}" if c.get("probe") == "log"
                 else f"increase {c.get('increase'):g}" if c.get("increase") is not None

@@ -362,7 +362,7 @@ def _stack_problems(file: str, data: dict, locator: Locator, scenario: Scenario 
     if scenario is not None:
         from chaos.scenario.needs import explain, missing, scenario_needs
 
-        out.extend(_trigger_problems(file, scenario, spec.settings, spec.services))
+        out.extend(_trigger_problems(file, scenario, spec.settings, spec.services, spec.capabilities()))
         where = stack_name or key
         for need in missing(scenario_needs(scenario), spec.capabilities()):
             out.append(_problem(file, locator, need.path, f"{explain(need)}; {where} does not offer it"))
@@ -404,10 +404,10 @@ def _warnings(path: str | Path, file: str, data: dict, locator: Locator) -> list
     return out
 
 
-def _trigger_problems(file: str, scenario: Scenario, settings: Any,
-                      services: Iterable[str] | None) -> list[ConfigError]:
+def _trigger_problems(file: str, scenario: Scenario, settings: Any, services: Iterable[str] | None,
+                      capabilities: set[str] | None = None) -> list[ConfigError]:
     """The services and URLs every trigger (of faults and phases) names that the stack lacks
-    (chaos/probes.py)."""
+    (chaos/probes.py); conditions that do not apply there (``only_with``) are skipped."""
     from chaos.probes import trigger_problems
 
     svc = set(services) if services is not None else None
@@ -415,7 +415,7 @@ def _trigger_problems(file: str, scenario: Scenario, settings: Any,
     owners += [(("phases", p), phase.trigger) for p, phase in enumerate(scenario.phases)]
     out = []
     for prefix, trigger in owners:
-        for sub, message in trigger_problems(trigger, settings, svc):
+        for sub, message in trigger_problems(trigger, settings, svc, capabilities):
             out.append(_problem(file, scenario.locator, prefix + ("trigger",) + sub, message))
     return out
 
@@ -462,7 +462,7 @@ def validate_against_stack(
         for need in missing(scenario_needs(scenario), capabilities):
             errors.append(_problem(file, scenario.locator, need.path, f"{explain(need)}; {where} does not offer it"))
     if settings is not None:
-        errors.extend(_trigger_problems(file, scenario, settings, services))
+        errors.extend(_trigger_problems(file, scenario, settings, services, capabilities))
     if errors:
         raise combine_problems(errors)
 

@@ -8,7 +8,9 @@
              ──> workload.tenants > 1 -> engine.cache_salt                   workload.tenants
     ──> [Need(path, capability, who)] ── missing(needs, stack capabilities) ── what the stack lacks
 
-A need ``"a|b"`` is met by either name. The loader turns each missing need into a ConfigError
+A need ``"a|b"`` is met by either name. A trigger condition with ``only_with: X`` needs
+what it probes only on stacks that offer X (``Need.when``; elsewhere it is not watched); a
+trigger whose every condition is ``only_with`` needs one of their X (else it is never reached). The loader turns each missing need into a ConfigError
 at the line of its path (chaos.scenario.loader.validate_against_stack).
 """
 
@@ -36,6 +38,8 @@ class Need:
     path: tuple[str | int, ...]
     capability: str
     who: str
+    #: Only a need on stacks that offer this capability (a trigger condition's ``only_with``).
+    when: str | None = None
 
 
 def scenario_needs(scenario: Scenario) -> list[Need]:
@@ -61,7 +65,11 @@ def scenario_needs(scenario: Scenario) -> list[Need]:
     for path, conditions, who in owners:
         for i, cond in enumerate(conditions):
             for cap in trigger_needs(cond):
-                out.append(Need(path + (i,), cap, who))
+                out.append(Need(path + (i,), cap, who, when=cond.only_with))
+        gates = sorted({c.only_with for c in conditions if c.only_with})
+        if conditions and all(c.only_with for c in conditions):
+            # No condition would be watched on a stack without any of them: never reached.
+            out.append(Need(path, "|".join(gates), f"{who} (every condition is only_with)"))
     for name in scenario.checks.enabled():
         spec = check_registry.get(name)
         for cap in sorted(spec.capability_needs(getattr(scenario.checks, name))):
@@ -108,8 +116,9 @@ def need_met(capability: str, have: set[str]) -> bool:
 
 
 def missing(needs: list[Need], have: set[str]) -> list[Need]:
-    """The needs ``have`` does not meet, in order."""
-    return [n for n in needs if not need_met(n.capability, have)]
+    """The needs ``have`` does not meet, in order (a need ``when`` X counts only where ``have``
+    holds X)."""
+    return [n for n in needs if (n.when is None or n.when in have) and not need_met(n.capability, have)]
 
 
 def explain(need: Need) -> str:

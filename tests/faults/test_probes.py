@@ -214,3 +214,74 @@ def test_several_metric_names_are_summed(served):
     r = w.finish()
     assert r["reached"] is True and r["conditions"][0]["increase"] == 4.0
     assert "x_failures_total+x_locked" in r["conditions"][0]["condition"]
+
+
+def test_only_with_watches_a_condition_only_where_the_stack_offers_it(served):
+    """A condition ``only_with`` a capability the stack lacks is not read, reported not
+    applicable, and never counted as reached; the trigger is decided by the others."""
+    state, stack = served
+    assert "engine.kvchaos_metrics" not in stack.spec.capabilities()
+    gated = cond(metric="x_failures_total", service="engine", grew_by=100, only_with="engine.kvchaos_metrics")
+    live = cond(metric="x_failures_total", labels={"reason": "not_found"}, service="lmcache", grew_by=1,
+                only_with="lmcache.http")  # derived from lmcache_http: offered
+    w = TriggerWatch([gated, live], stack, every_s=0.05)
+    w.begin()
+    w.start()
+    state.counter += 2
+    time.sleep(0.2)
+    r = w.finish()
+    off, on = r["conditions"]
+    assert off["applicable"] is False and off["reached"] is False and "samples" not in off
+    assert "not applicable on this stack" in off["note"] and "engine.kvchaos_metrics" in off["note"]
+    assert on["applicable"] is True and on["reached"] is True
+    assert r["reached"] is True, r
+    assert "[only with engine.kvchaos_metrics]" in off["condition"]
+
+
+def test_only_with_on_a_stack_that_offers_it_must_be_reached(served):
+    state, stack = served
+    gated = cond(metric="x_failures_total", service="engine", grew_by=100, only_with="engine.kvchaos_metrics")
+    other = cond(metric="x_failures_total", service="lmcache", grew_by=1)
+    w = TriggerWatch([gated, other], stack, every_s=0.05,
+                     capabilities=stack.spec.capabilities() | {"engine.kvchaos_metrics"})
+    w.begin()
+    w.start()
+    state.counter += 2                # grows by 2: `other` reached, `gated` (100) not
+    time.sleep(0.2)
+    r = w.finish()
+    assert [c["applicable"] for c in r["conditions"]] == [True, True]
+    assert [c["reached"] for c in r["conditions"]] == [False, True]
+    assert r["reached"] is False
+
+
+def test_a_trigger_whose_every_condition_is_inapplicable_is_never_reached(served):
+    """Nothing watched must never read as reached: the evidence check says inconclusive."""
+    from chaos.checks.evidence import check
+
+    state, stack = served
+    w = TriggerWatch([cond(log="anything", service="engine", only_with="engine.kvchaos_metrics"),
+                      cond(metric="x_locked", service="engine", reached=0, only_with="engine.debug_state")],
+                     stack, every_s=0.05)
+    w.begin()
+    w.start()
+    state.counter += 5
+    r = w.finish()
+    assert r["reached"] is False and "no condition of this trigger applies" in r["note"]
+    op = {"process": "nemesis", "type": "ok", "f": "trigger", "phase": "p", "value": r}
+    result = check([op], None)
+    assert result.verdict == "unknown", result
+    assert "no condition applies on this stack" in result.summary
+
+
+def test_only_with_names_a_known_capability():
+    with pytest.raises(ValidationError, match="only_with: unknown capability 'engine.kvchaos_metric'"):
+        Condition.model_validate({"metric": "a", "service": "engine", "grew_by": 1,
+                                  "only_with": "engine.kvchaos_metric"})
+
+
+def test_inapplicable_conditions_are_not_checked_against_the_stack(tmp_path):
+    stack = local_stack(tmp_path, STACK)
+    s, services = stack.settings, set(stack.spec.services)
+    bad = [cond(metric="a", service="nope", grew_by=1, only_with="engine.kvchaos_metrics")]
+    assert trigger_problems(bad, s, services, stack.spec.capabilities()) == []
+    assert [p for p, _ in trigger_problems(bad, s, services)] == [(0, "service")]

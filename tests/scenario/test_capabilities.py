@@ -214,3 +214,46 @@ checks: {{evidence: {{}}}}
     assert not check.ok
     msg = "\n".join(str(p) for p in check.problems)
     assert "s.yaml:5: phases[0].trigger[0]" in msg and "engine.kvchaos_metrics" in msg, msg
+
+
+def _trigger_scenario(tmp_path: Path, stack: str, trigger: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(f"""name: s
+stack: {REPO / 'compose' / stack}
+phases:
+  - name: p
+    trigger: {trigger}
+checks: {{evidence: {{}}}}
+""")
+    return path
+
+
+def test_an_only_with_condition_needs_nothing_where_it_does_not_apply(tmp_path: Path) -> None:
+    """The reference engine's counters ``only_with: engine.kvchaos_metrics`` next to a portable
+    log line: runnable on vLLM (the counter is not watched there), and on the reference stack
+    the counter's own needs still count."""
+    from chaos.scenario.needs import missing, scenario_needs
+
+    trigger = ("[{metric: kvchaos_engine_aborts_total, service: engine, grew_by: 1, only_with: "
+               "engine.kvchaos_metrics}, {log: 'LOOKUP to \\S+ timed out', service: engine}]")
+    for stack in ("vllm-lmcache.yml", "reference.yml"):
+        check = check_scenario(_trigger_scenario(tmp_path, stack, trigger))
+        assert check.ok, (stack, [str(p) for p in check.problems])
+    scenario = load_scenario(_trigger_scenario(tmp_path, "reference.yml", trigger))
+    needs = scenario_needs(scenario)
+    assert [(n.capability, n.when) for n in needs] == [("engine.metrics", "engine.kvchaos_metrics"),
+                                                       ("engine.kvchaos_metrics", "engine.kvchaos_metrics")]
+    assert missing(needs, {"engine.kvchaos_metrics"}) == [needs[0]]  # offered the gate, not /metrics
+    assert missing(needs, set()) == []
+
+
+def test_a_trigger_with_every_condition_only_with_needs_one_of_them(tmp_path: Path) -> None:
+    trigger = ("[{metric: kvchaos_engine_aborts_total, service: engine, grew_by: 1, only_with: "
+               "engine.kvchaos_metrics}, {json: num_pending_lookups, url: /debug/state, service: engine, "
+               "reached: 1, only_with: engine.debug_state}]")
+    check = check_scenario(_trigger_scenario(tmp_path, "vllm-lmcache.yml", trigger))
+    assert not check.ok
+    msg = "\n".join(str(p) for p in check.problems)
+    assert "s.yaml:5: phases[0].trigger" in msg and "every condition is only_with" in msg, msg
+    assert "engine.debug_state" in msg and "engine.kvchaos_metrics" in msg, msg
+    assert check_scenario(_trigger_scenario(tmp_path, "reference.yml", trigger)).ok
