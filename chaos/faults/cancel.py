@@ -134,6 +134,13 @@ class CancelFault(Fault):
     params_model = CancelParams
     params: CancelParams
 
+    @classmethod
+    def capability_needs(cls, params: FaultParams) -> set[str]:
+        """``mode: at_state`` needs the engine to report request states (the reference engine's
+        ``GET /debug/requests/{id}``, part of its debug state); the other modes need nothing."""
+        assert isinstance(params, CancelParams)
+        return {"engine.debug_state"} if params.mode == "at_state" else set()
+
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
         self._lock = threading.Lock()

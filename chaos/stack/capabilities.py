@@ -34,7 +34,8 @@ CAPABILITIES: dict[str, str] = {
                               "(kvchaos_engine_lookup_timeouts_total, ..._load_failures_total, "
                               "..._aborts_total; docs/reach.md), which triggers may probe",
     "engine.debug_state": "GET {engine_url}/debug/state: JSON engine state (blocks, sessions, "
-                          "pending lookups), as the reference engine serves it",
+                          "pending lookups), and GET /debug/requests/{id}: a request's state "
+                          "(lookup, load, prefill, decode), as the reference engine serves them",
     "engine.hooks.preempt": "POST {engine_url}/hooks/preempt: preempt running requests now "
                             "(reference engine fault hook)",
     "engine.hooks.stall": "POST {engine_url}/hooks/stall: hold the scheduler before lookup, "

@@ -257,3 +257,13 @@ def test_a_trigger_with_every_condition_only_with_needs_one_of_them(tmp_path: Pa
     assert "s.yaml:5: phases[0].trigger" in msg and "every condition is only_with" in msg, msg
     assert "engine.debug_state" in msg and "engine.kvchaos_metrics" in msg, msg
     assert check_scenario(_trigger_scenario(tmp_path, "reference.yml", trigger)).ok
+
+
+def test_cancel_at_state_needs_the_engines_request_states() -> None:
+    """Only the reference engine reports request states: elsewhere no abort could land in the
+    state asked for, and the run would end inconclusive (found on abort-during-lookup)."""
+    from chaos.faults.cancel import CancelFault, CancelParams
+
+    at = CancelParams(kind="cancel", mode="at_state", state="lookup")
+    assert CancelFault.capability_needs(at) == {"engine.debug_state"}
+    assert CancelFault.capability_needs(CancelParams(kind="cancel", mode="after_first_token")) == set()

@@ -32,7 +32,8 @@ GPU_STACKS = [VLLM, SGLANG]
 runner = CliRunner()
 
 #: What the vLLM stack cannot run, and the capability each names: holding the engine before its
-#: retrieve (the reference engine's stall hook) and a raw LMCache adapter call through the engine.
+#: retrieve (the reference engine's stall hook), a raw LMCache adapter call through the engine,
+#: and aborts aimed at a request state (its /debug/requests/{id}).
 #: Triggers on the reference engine's own kvchaos_engine_* counters are `only_with:
 #: engine.kvchaos_metrics` next to a portable condition (LMCache's client adapter log lines in
 #: the engine log, vLLM's names, LMCache's own metrics), so they block nothing there.
@@ -40,6 +41,7 @@ VLLM_NOT_RUNNABLE = {
     "retrieve-fail-after-lookup": "engine.hooks.stall", "load-fail-policy-fail": "engine.hooks.stall",
     "retrieve-dropped-slow-link": "engine.hooks.stall",
     "end-session-dropped-on-late-ack": "engine.hooks.lmcache", "free-lookup-locks-unknown-request": "engine.hooks.lmcache",
+    "abort-during-lookup": "engine.debug_state",  # cancel mode at_state: the engine's request states
 }
 
 
