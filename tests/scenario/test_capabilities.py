@@ -264,6 +264,6 @@ def test_cancel_at_state_needs_the_engines_request_states() -> None:
     state asked for, and the run would end inconclusive (found on abort-during-lookup)."""
     from chaos.faults.cancel import CancelFault, CancelParams
 
-    at = CancelParams(kind="cancel", mode="at_state", state="lookup")
+    at = CancelParams(kind="cancel", mode="at_state", state="lookup", until="end")
     assert CancelFault.capability_needs(at) == {"engine.debug_state"}
-    assert CancelFault.capability_needs(CancelParams(kind="cancel", mode="after_first_token")) == set()
+    assert CancelFault.capability_needs(CancelParams(kind="cancel", mode="after_first_token", duration=1)) == set()
