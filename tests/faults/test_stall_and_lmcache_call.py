@@ -165,7 +165,7 @@ def test_lmcache_call_acts_and_shows_the_session_it_leaves(pool, tmp_path):
     result, got = run(pool, tmp_path, scenario_text("call-free", phases, workload=CALL_WORKLOAD,
                                                 checks="  leaks: {quiesce_s: 5}\n  evidence: {}\n"))
     assert got["evidence"].verdict == "passed", got["evidence"].summary
-    assert "faults acted: 1 of 1; triggers reached: 1 of 1" in got["evidence"].summary
+    assert got["evidence"].summary == "faults acted: 1 of 1 (lmcache_call-0); triggers reached: 1 of 1"
     # LMCache 0.5.6's finding (docs/findings/free-lookup-locks-creates-session.md)
     assert got["leaks"].verdict == "failed" and "active_sessions" in got["leaks"].summary, got["leaks"].summary
 
