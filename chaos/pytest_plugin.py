@@ -85,6 +85,7 @@ def _wants_chaos(config: pytest.Config) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _wants_chaos(config):
+        _scenarios_in_discovery_order(items)
         return
     keep, drop = [], []
     for item in items:
@@ -92,6 +93,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _scenarios_in_discovery_order(items: list[pytest.Item]) -> None:
+    """Scenario items in ``kvchaos run``'s order (chaos.scenario.loader.discover_scenarios: a
+    folder's own files before its sub-folders, so ``scenarios/findings/`` runs after the rest of
+    the catalogue, not interleaved by name), in the slots scenario items held; other items stay."""
+    slots = [i for i, item in enumerate(items) if isinstance(item, ScenarioItem)]
+    ordered = sorted((items[i] for i in slots), key=lambda it: (len(Path(it.path).parts), str(it.path)))
+    for i, item in zip(slots, ordered):
+        items[i] = item
 
 
 @pytest.hookimpl(hookwrapper=True)

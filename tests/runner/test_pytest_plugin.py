@@ -72,3 +72,23 @@ def test_a_scenario_the_other_stack_cannot_run_is_skipped_naming_the_need(tmp_pa
     r = pytest_in(tmp_path, "-m", "chaos", "-rs", "--kvchaos-stack", str(scen / "other.yml"))
     assert "1 skipped" in r.stdout, r.stdout + r.stderr
     assert "lacks what it needs: engine.hooks.stall (fault 'stall' (hook))" in r.stdout
+
+
+def test_chaos_items_run_in_kvchaos_run_order() -> None:
+    """pytest sorted `scenarios/findings/` in by name, between disk-full and l2-delete; a stack
+    then sat idle 8 minutes between two scenarios that share it (l1-full-drops-l2-stores and
+    working-set-exceeds-l1) and LMCache reaped the engine's registration (CI, 2026-12-01).
+    `pytest -m chaos` now runs the catalogue in `kvchaos run`'s order."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from chaos.scenario.loader import discover_scenarios
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "chaos",
+                          "--collect-only", "-q", "scenarios"], cwd=repo, capture_output=True, text=True,
+                         timeout=120).stdout
+    got = [line.split("::")[0] for line in out.splitlines() if "::" in line]
+    want = [str(p.relative_to(repo)) for p in discover_scenarios(repo / "scenarios")]
+    assert got == want
