@@ -13,7 +13,12 @@ KVCHAOS_TOXIPROXY_BIN ?= $(or $(shell command -v toxiproxy-server 2>/dev/null),$
 export KVCHAOS_TOXIPROXY_BIN
 # Network-fault scenarios, also run under --backend compose with the real server in a container.
 NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
-PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos
+# end-session-dropped-on-late-ack reproduces an LMCache timing bug whose window (a LOOKUP ack
+# later than the MQ timeout, before the heartbeat marks the server unhealthy) was missed in 2
+# of 4 runs on 2026-12-01 (once inconclusive, once XPASS with the real Toxiproxy): kept out of
+# the CI catalogue runs until it is deterministic; `kvchaos findings` and the zoo still run it.
+CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
+PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
 .PHONY: setup image demo test test-fast test-real-proxy test-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz killpoints clean
 
