@@ -112,14 +112,15 @@ KEYS = ["kind", "link", "service", "start", "duration", "until", "name", "stream
         "x-kvchaos", "command", "healthcheck", "depends_on", "environment", "links", "proxy", "bogus"]
 
 
-def _paths(node, prefix=()):
+def yaml_paths(node, prefix=()):
+    """Every path (tuple of keys and indices) into a loaded YAML document, the root first."""
     yield prefix
     if isinstance(node, dict):
         for k, v in node.items():
-            yield from _paths(v, prefix + (k,))
+            yield from yaml_paths(v, prefix + (k,))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            yield from _paths(v, prefix + (i,))
+            yield from yaml_paths(v, prefix + (i,))
 
 
 @st.composite
@@ -132,7 +133,7 @@ def data_mutation(draw, text: str) -> str:
         data, _ = load_yaml_text(text)
     except ConfigError:
         return text
-    paths = [p for p in _paths(data) if p]
+    paths = [p for p in yaml_paths(data) if p]
     if not paths:
         return text
     data = copy.deepcopy(data)

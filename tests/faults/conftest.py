@@ -45,3 +45,13 @@ def reference_storage(tmp_path_factory):
         yield stack
     finally:
         stack.down()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """A StackPool of local reference stacks shared by one test module (closed after it)."""
+    from chaos.runner.stacks import StackPool
+
+    p = StackPool("local", tmp_path_factory.mktemp("pool") / "stacks")
+    yield p
+    p.close()

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.runner.stacks import StackPool
 from kvchaos_support import run_pooled, scenario_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,13 +40,6 @@ for f in files:
         fh.write(bytes(size))
 print(len(files))
 """
-
-
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    p = StackPool("local", tmp_path_factory.mktemp("bite") / "stacks")
-    yield p
-    p.close()
 
 
 def run(pool, tmp_path: Path, text: str):

@@ -91,15 +91,6 @@ def test_no_engine_fails_apply_and_nothing_bit(tmp_path: Path):
 
 
 # ---- slow: the reference stack -------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    from chaos.runner.stacks import StackPool
-
-    p = StackPool("local", tmp_path_factory.mktemp("hooks") / "stacks")
-    yield p
-    p.close()
-
-
 def run(pool, tmp_path: Path, text: str):
     return run_pooled(pool, tmp_path, text, STACK, f"hooks-{tmp_path.name}")
 

@@ -17,7 +17,6 @@ import resource
 import shutil
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +24,7 @@ from hypothesis import strategies as st
 from chaos.scenario.loader import load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
-from fuzzing import REPO, problems_with, scenario_case, stack_case, validate_in_process
+from fuzzing import REPO, problems_with, scenario_case, stack_case, validate_in_process, yaml_paths
 
 from .samples import GOOD, STACK
 
@@ -54,17 +53,7 @@ values = st.recursive(
 BASE = yaml.safe_load(GOOD)
 
 
-def _paths(node, prefix=()):
-    yield prefix
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, prefix + (i,))
-
-
-PATHS = [p for p in _paths(BASE) if p]
+PATHS = [p for p in yaml_paths(BASE) if p]
 FIELD_NAMES = ["kind", "link", "start", "duration", "until", "name", "stream", "toxicity", "latency_ms",
                "requests", "faults", "phases", "checks", "workload", "tenants", "stream", "bogus"]
 
