@@ -4,7 +4,8 @@
                 │
                 └─ restart_after given: a timer starts the service again that long after the
                    kill and waits for its health check
-    heal  ── the service is started again (if it is not running yet) and waited healthy
+    heal  ── the service is started again (if it is not running yet) and waited healthy;
+             LMCache: then until the engine uses the new server again (chaos/stack/reconnect.py)
 
 The stack records the exit as expected (``stack.exits``, ``expected=True``), so the liveness
 check does not count it as an unexplained death. Field reports: F5 (the engine's worker died),
@@ -86,6 +87,7 @@ class Kill(Fault):
         self._restarted_by: str | None = None
         self._timer: threading.Timer | None = None
         self._exits_before = 0
+        self._contexts: int | None = None
 
     def apply(self, ctx: FaultContext) -> dict[str, Any]:
         """Send the signal and wait until the stack reports the exit (SIGKILL: up to 10 s;
@@ -98,6 +100,8 @@ class Kill(Fault):
         p = self.params
         before = stack.status().get(p.service)
         self._old_pid = before.pid if before is not None else None
+        if p.service == stack.settings.lmcache:
+            self._contexts = stack.lmcache_contexts()  # what the engine must re-register (heal)
         self._exits_before = len(stack.exits)
         self._applied = True
         self._killed_at = time.monotonic()
@@ -155,9 +159,13 @@ class Kill(Fault):
             self._restarted_at = None
         self._restart(ctx.stack, "heal")
         down_s = (self._restarted_at - self._killed_at) if self._killed_at and self._restarted_at else None
-        return {"service": self.params.service, "restarted": self._restarted_by is not None,
-                "restarted_by": self._restarted_by,
-                "pid": self._new_pid, "down_s": down_s, "timer_error": self._restart_error}
+        out = {"service": self.params.service, "restarted": self._restarted_by is not None,
+               "restarted_by": self._restarted_by,
+               "pid": self._new_pid, "down_s": down_s, "timer_error": self._restart_error}
+        if ctx.stack.engine_under_lmcache([self.params.service]):
+            # The next phase starts once the engine uses the new LMCache server again.
+            out["engine"] = ctx.stack.wait_engine_reconnected(self._contexts)
+        return out
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         """Bit when the stack saw the service's process exit after the kill, recorded as an

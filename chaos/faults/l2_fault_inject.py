@@ -6,6 +6,8 @@
            -> stack.reconfigure: the lmcache service restarts with the wrapped adapter (its L1 is
               empty after the restart; the L2 tiers keep their objects)
     heal:  the variables back as they were -> lmcache restarts with the plain adapters
+    after each restart: wait until the engine has re-registered with the new server and uses it
+              again (chaos/stack/reconnect.py; at most ``settle``)
 
 LMCache 0.5.6's ``FaultInjectL2Adapter`` (``v1/distributed/l2_adapters/fault_inject_l2_adapter.py``)
 passes stores and lookups through to the inner adapter and clears the bits of some keys in the
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import ProbeError, read_metric
 from chaos.scenario.duration import Duration
+from chaos.stack.reconnect import RECONNECT_TIMEOUT_S
 
 __all__ = ["L2FaultInjectParams", "L2FaultInject", "WrappableAdapter", "wrappable_adapters",
            "LOAD_FAILURES"]
@@ -71,9 +73,10 @@ class L2FaultInjectParams(FaultParams):
         description="positions of each load batch that always fail, as distance from the tail over the "
         "batch length, 0..1 (0: the last chunk, 1: the first)")
     settle: Duration = Field(
-        default=3.0,
-        description="time given after each LMCache restart for the engine's client to reconnect "
-        "(its heartbeat interval), e.g. 3s")
+        default=RECONNECT_TIMEOUT_S,
+        description="the longest wait, after each LMCache restart, for the engine's client to "
+        "reconnect: LMCache lists its KV caches again and (reference engine) the engine reports "
+        "LMCache healthy (chaos/stack/reconnect.py), e.g. 30s")
 
     @model_validator(mode="after")
     def _something_fails(self) -> L2FaultInjectParams:
@@ -175,8 +178,8 @@ class L2FaultInject(Fault):
         return value  # OTel counters appear on their first increment: absent is 0
 
     def apply(self, ctx: FaultContext) -> dict[str, Any]:
-        """Set the wrap variables, restart LMCache, check it reports the wrapper, let the engine
-        reconnect (``settle``).
+        """Set the wrap variables, restart LMCache, check it reports the wrapper, wait for the
+        engine to reconnect (at most ``settle``).
 
         Raises:
             RuntimeError: no stack; no wrappable adapter (or none of the types asked for).
@@ -200,23 +203,26 @@ class L2FaultInject(Fault):
             variables[a.before] = spec[:-1] + ', "inner": '
             variables[a.after] = "}"
         self._saved = {k: stack.env.get(k, "") for k in variables}
-        self._restarted = stack.reconfigure(variables)
+        stack.last_reconnect = None
+        self._restarted = stack.reconfigure(variables, reconnect_timeout_s=self.params.settle)
+        back = stack.last_reconnect
         self._active = [a for a in _status_adapters(s.lmcache_http) if "fault_inject" in a]
-        time.sleep(self.params.settle)
         self._before = self._failures(s.lmcache_http)
         return {"adapters": [a.type for a in self._targets], "restarted": self._restarted,
-                "active": len(self._active), "fault_inject": self.params.adapter_spec()}
+                "active": len(self._active), "fault_inject": self.params.adapter_spec(), "engine": back}
 
     def heal(self, ctx: FaultContext) -> dict[str, Any]:
-        """Read LMCache's load failures, then put the variables back and restart LMCache."""
+        """Read LMCache's load failures, then put the variables back, restart LMCache and wait for
+        the engine to reconnect (at most ``settle``)."""
         if self._saved is None or ctx.stack is None:
             return {"restored": False, "reason": "not applied"}
         s = ctx.stack.settings
         self._after = self._failures(s.lmcache_http) if s.lmcache_http else None
-        restarted = ctx.stack.reconfigure(self._saved)
+        ctx.stack.last_reconnect = None
+        restarted = ctx.stack.reconfigure(self._saved, reconnect_timeout_s=self.params.settle)
+        back = ctx.stack.last_reconnect
         self._saved = None
-        time.sleep(self.params.settle)
-        return {"restored": True, "restarted": restarted}
+        return {"restored": True, "restarted": restarted, "engine": back}
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         """Bit when LMCache reported the wrapper on every adapter asked for and counted at least

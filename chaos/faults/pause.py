@@ -95,6 +95,7 @@ class Pause(Fault):
         self._at_apply: dict[str, Any] | None = None
         self._at_heal: dict[str, Any] | None = None
         self._stopped_s: float | None = None
+        self._contexts: int | None = None
 
     def apply(self, ctx: FaultContext) -> dict[str, Any]:
         """SIGSTOP the service and look at its processes.
@@ -103,6 +104,8 @@ class Pause(Fault):
             RuntimeError: no stack in the context; StackError: unknown or not-started service.
         """
         stack = require_stack(ctx)
+        if self.params.service == stack.settings.lmcache:
+            self._contexts = stack.lmcache_contexts()
         self._applied = True
         stack.pause(self.params.service)
         self._paused_at = time.monotonic()
@@ -110,7 +113,8 @@ class Pause(Fault):
         return {"service": self.params.service, **self._at_apply}
 
     def heal(self, ctx: FaultContext) -> dict[str, Any]:
-        """SIGCONT the service (also when apply failed half-way)."""
+        """SIGCONT the service (also when apply failed half-way); LMCache: then wait until the
+        engine uses it again (chaos/stack/reconnect.py)."""
         if not self._applied or ctx.stack is None:
             return {"service": self.params.service, "resumed": False, "reason": "not applied here"}
         self._at_heal = frozen_state(ctx.stack, self.params.service)
@@ -118,8 +122,13 @@ class Pause(Fault):
             self._stopped_s = time.monotonic() - self._paused_at
         ctx.stack.resume(self.params.service)
         after = frozen_state(ctx.stack, self.params.service)
-        return {"service": self.params.service, "resumed": True, "state": after["state"],
-                "still_stopped": after["stopped"]}
+        out = {"service": self.params.service, "resumed": True, "state": after["state"],
+               "still_stopped": after["stopped"]}
+        if ctx.stack.engine_under_lmcache([self.params.service]):
+            # The engine's client went to degraded mode while LMCache was frozen: the next phase
+            # starts once it uses LMCache again.
+            out["engine"] = ctx.stack.wait_engine_reconnected(self._contexts)
+        return out
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         """Bit when the processes were stopped both right after apply and right before heal."""

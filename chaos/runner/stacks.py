@@ -62,12 +62,19 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
     Raises:
         StackError: a service could not be started again, or an API of the stack failed.
     """
+    touched: list[str] = []
     for name, st in stack.status().items():
         if st.state == "paused":
             stack.resume(name)
+            touched.append(name)
         elif st.state in ("exited", "not-started"):
             say(f"restarting {name}")
             stack.start(name)
+            touched.append(name)
+    if stack.engine_under_lmcache(touched):
+        back = stack.wait_engine_reconnected(None)
+        if not back["reconnected"]:
+            say(f"the engine did not reconnect to LMCache within {back['waited_s']:.0f}s")
     from chaos.proxy.client import ToxiproxyError
 
     s = stack.settings

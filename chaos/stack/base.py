@@ -84,6 +84,9 @@ class Stack(abc.ABC):
         self.settings: KvchaosSettings = spec.settings
         self.run_dir = Path(run_dir)
         self.exits: list[ServiceExit] = []
+        #: The last wait for the engine after kvchaos restarted LMCache under it
+        #: (chaos/stack/reconnect.py ``wait_engine_reconnected``); None before any.
+        self.last_reconnect: dict[str, Any] | None = None
         #: Side effects to undo if the runner dies (chaos/journal.py); set by each backend.
         self.journal: Journal
 
@@ -145,10 +148,14 @@ class Stack(abc.ABC):
     def collect_logs(self, dest_dir: Path) -> list[Path]:
         """Copy each service's log into ``dest_dir``; returns the files written."""
 
-    def reconfigure(self, variables: dict[str, str], restart: list[str] | None = None) -> list[str]:
+    def reconfigure(self, variables: dict[str, str], restart: list[str] | None = None,
+                    reconnect_timeout_s: float | None = None) -> list[str]:
         """Set stack variables (e.g. ``KVCHAOS_ENGINE_BUGS``, ``LMCACHE_L1_SIZE_GB``), interpolate
         the stack file again with them, and restart every service whose command or environment
-        changed (and those in ``restart``). Ports and the run dir stay as they are.
+        changed (and those in ``restart``). Ports and the run dir stay as they are. When LMCache
+        restarts under a running engine, the new server starts once the engine has seen the old
+        one go, and then this waits (at most ``reconnect_timeout_s``, default 30 s) until the
+        engine uses it again (chaos/stack/reconnect.py).
 
         Returns:
             The services restarted, in start order.
@@ -158,11 +165,51 @@ class Stack(abc.ABC):
         """
         changed = self.set_variables(variables) + list(restart or [])
         order = [n for wave in self.spec.start_order() for n in wave if n in changed]
+        under = self.engine_under_lmcache(order)
+        contexts = self.lmcache_contexts() if under else None
         for name in reversed(order):
             self.stop(name)
+        noticed = None
+        if under:
+            # A restart the engine's heartbeat does not see is never recovered from (LMCache
+            # issue 4642): start the new server only once the engine saw the old one go.
+            from chaos.stack.reconnect import wait_engine_noticed
+
+            noticed = wait_engine_noticed(self)
         for name in order:
             self.start(name)
+        if under:
+            self.wait_engine_reconnected(contexts, reconnect_timeout_s)
+            assert self.last_reconnect is not None
+            self.last_reconnect["outage_noticed"] = noticed
         return order
+
+    # --- the engine's LMCache client across LMCache restarts ----------------------------
+    def engine_under_lmcache(self, restarted: list[str]) -> bool:
+        """True when ``restarted`` holds the stack's LMCache service but not its engine, and the
+        engine is running: the engine must reconnect to the new server by itself."""
+        lm, engine = self.settings.lmcache, self.settings.engine
+        if not lm or not engine or lm not in restarted or engine in restarted:
+            return False
+        st = self.status().get(engine)
+        return st is not None and st.state == "running"
+
+    def lmcache_contexts(self) -> int | None:
+        """KV-cache contexts LMCache lists as registered now (None: no ``lmcache_http``, or it
+        does not answer); see chaos/stack/reconnect.py."""
+        from chaos.stack.reconnect import registered_contexts
+
+        return registered_contexts(self.settings.lmcache_http) if self.settings.lmcache_http else None
+
+    def wait_engine_reconnected(self, contexts_before: int | None, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait (at most ``timeout_s``, default 30 s) until the engine uses a restarted or resumed
+        LMCache again; the result is also kept in :attr:`last_reconnect`. Never raises (see
+        chaos/stack/reconnect.py ``wait_engine_reconnected``)."""
+        from chaos.stack.reconnect import RECONNECT_TIMEOUT_S, wait_engine_reconnected
+
+        self.last_reconnect = wait_engine_reconnected(
+            self, contexts_before, RECONNECT_TIMEOUT_S if timeout_s is None else timeout_s)
+        return self.last_reconnect
 
     def set_variables(self, variables: dict[str, str]) -> list[str]:
         """Interpolate the stack file again with ``variables`` set, without restarting anything

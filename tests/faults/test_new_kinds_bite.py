@@ -141,7 +141,6 @@ INJECT_PHASES = """\
     faults:
       - kind: l2_fault_inject
         gap_indices: [1]
-        settle: 3s
         until: end
         trigger: {metric: lmcache_mp_l2_prefetch_failure_chunks_total, labels: {reason: not_found}, service: lmcache, grew_by: 1}
 """
