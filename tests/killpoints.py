@@ -31,6 +31,7 @@ import httpx
 import psutil
 
 from chaos.journal import all_journals, open_entries
+from kvchaos_support import default_sigint
 
 
 @dataclass
@@ -197,7 +198,7 @@ def kill_point(scenario: Path, point: Point, workdir: Path, *, env: dict[str, st
     # As from a terminal: SIGINT at its default even when this harness runs in the background
     # (a non-interactive shell starts `&` jobs with SIGINT ignored, and children inherit that).
     runner = subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                              preexec_fn=default_sigint)
     sent = None
     try:
         if point.after:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import threading
 import sys
@@ -60,6 +61,14 @@ x-kvchaos:
   lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
   l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
 """
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a child a test sends SIGINT to: the signal's default disposition. A
+    shell starts a background job (``cmd &``, nohup, cron-like runners) with SIGINT ignored,
+    the child inherits that, and Python (and kvchaos, on purpose: chaos/interrupts.py) keeps an
+    inherited SIG_IGN, so the test would see its SIGINT ignored because of how CI was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def lmcache_bench(stack, tokens: int = 512) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from chaos.stack.compose import image_exists
+from kvchaos_support import default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "kvchaos/reference:latest"
@@ -85,7 +86,8 @@ def test_sigint_mid_run_leaves_nothing(image, docker, tmp_path):
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
     proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", "scenarios/node-exit-lmcache.yaml",
                              "--backend", "compose", "--report-dir", str(tmp_path / "reports")],
-                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not any(

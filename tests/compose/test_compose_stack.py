@@ -17,6 +17,7 @@ import pytest
 from chaos.stack.base import StackError
 from chaos.stack.compose import (LABEL_RUN, ComposeStack, build_context_tar, cleanup_all,
                                  project_name)
+from kvchaos_support import default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 NOTHING = {"containers": [], "networks": [], "volumes": []}
@@ -150,7 +151,7 @@ def test_ctrl_c_of_a_real_process_leaves_nothing(docker, leftovers, redis_stack_
             time.sleep(120)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            env=stack_env, cwd=REPO)
+                            env=stack_env, cwd=REPO, preexec_fn=default_sigint)
     try:
         assert proc.stdout.readline().strip() == "up"
         assert leftovers(project_name(run_id))["containers"]

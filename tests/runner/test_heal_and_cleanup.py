@@ -18,6 +18,7 @@ import pytest
 from chaos.journal import all_journals, open_entries
 from chaos.stack.probe import listeners
 from chaos.stack.spec import free_port
+from kvchaos_support import default_sigint
 
 DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.slow
@@ -38,7 +39,8 @@ def env(tmp_path):
 def start_run(env, tmp_path, scenario="hold-latency-long.yaml"):
     return subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(DATA / scenario),
                              "--report-dir", str(tmp_path / "reports")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
 
 
 def wait_for_toxic(env, timeout_s=60.0) -> list:
