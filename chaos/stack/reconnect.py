@@ -105,7 +105,8 @@ def wait_engine_reconnected(stack: Any, contexts_before: int | None, timeout_s: 
     Args:
         stack: the running stack (its ``settings``: ``lmcache_http``, ``engine_url``).
         contexts_before: :func:`registered_contexts` before the restart (None or 0: LMCache's
-            registrations are not waited for, only the engine's gauge).
+            registrations are not waited for, only the engine's gauge). With the engine's gauge
+            at 1, one registered context is enough (see the comment in the loop).
         timeout_s: the longest wait (s).
         stable_s: how long the engine's gauge must read 1 without a break (s).
 
@@ -128,8 +129,11 @@ def wait_engine_reconnected(stack: Any, contexts_before: int | None, timeout_s: 
         while True:
             now = time.monotonic()
             contexts = registered_contexts(lmcache_http, client) if lmcache_http else None
-            registered = want == 0 or (contexts is not None and contexts >= want)
             healthy = engine_lmcache_healthy(engine_url, client) if engine_url else None
+            # As many contexts as before; or, on an engine whose gauge says healthy, at least one
+            # (a context of an engine process that was SIGKILLed earlier stays listed until
+            # LMCache reaps it, and the new server never lists it again).
+            registered = want == 0 or (contexts is not None and (contexts >= want or (healthy is True and contexts >= 1)))
             if healthy is None:
                 stable = True  # nothing to watch on this engine
             elif healthy and registered:

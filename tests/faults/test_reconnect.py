@@ -150,3 +150,11 @@ def test_l2_fault_inject_restarts_are_seen_by_an_engine_with_a_slow_heartbeat(tm
     assert len(waits) == 2, waits
     for w in waits:
         assert w["reconnected"] is True and w["outage_noticed"]["noticed"] is True, w
+
+
+def test_a_stale_context_of_a_killed_engine_is_not_waited_for(fake):
+    # Before the restart LMCache listed 2 contexts: the engine's and one of an engine process
+    # killed earlier (not reaped yet). The new server lists the live engine's only.
+    fake.contexts, fake.healthy = 1, 1
+    out = wait_engine_reconnected(fake.stack, contexts_before=2, timeout_s=10, stable_s=0.3)
+    assert out["reconnected"] is True and out["waited_s"] < 3
