@@ -8,6 +8,16 @@
        │                   keeps faults, processes and mounts from being left behind
     command end ──── the previous handlers come back
 
+Inside an event loop (``run_async``, the phases and the recompute oracle) the first signal is
+not raised where it lands: it cancels the loop's main task (``call_soon_threadsafe``), so the
+coroutines unwind through their ``except CancelledError``/``finally`` at an ``await`` (an
+in-flight request records its completion, a shielded close finishes), the loop closes, and the
+RunInterrupted is raised after it. A KeyboardInterrupt raised inside a loop callback lands
+between any two bytecodes of asyncio, httpx or anyio code (the Python docs, "Note on Signal
+Handlers and Exceptions", warn that most code cannot be made robust against that), and one run
+was seen never to come back from it (tests/compose/test_compose_run.py, SIGINT as the first
+request was sent).
+
 ``deferred()`` marks the few steps an exception must not split: a process started but not yet
 recorded, a heal half done, a report half written, the stacks going down. Without
 ``handling()`` around it (library use, tests), ``deferred()`` installs the handler for its own
@@ -18,15 +28,18 @@ Exit codes follow the shell's convention: 128 + the signal number (130 SIGINT, 1
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["RunInterrupted", "handling", "deferred", "stage", "set_stage", "current_stage", "pending",
-           "as_interrupt", "startup_interrupted", "exit_on_signal", "SIGNALS", "STARTUP_STAGES"]
+           "as_interrupt", "startup_interrupted", "exit_on_signal", "run_async", "SIGNALS", "STARTUP_STAGES"]
 
 #: The signals a run turns into RunInterrupted.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -82,6 +95,8 @@ class _State:
         self.raised = False
         self.held = 0  # nesting of deferred()
         self.stage: str | None = None
+        self.cancel: Callable[[], None] | None = None  # set by run_async while its loop runs
+        self.cancelled_by: tuple[int, str | None] | None = None  # (signum, stage) run_async owes
 
 
 _state = _State()
@@ -94,6 +109,15 @@ def _main() -> bool:
 def _handler(signum: int, _frame: object) -> None:
     st = _state
     st.received.append(signum)
+    if st.cancel is not None:  # an event loop runs: cancel its main task, raise after the loop
+        if st.raised:
+            _say(f"kvchaos: {signal.Signals(signum).name} received; still healing faults and stopping the "
+                 "stacks (SIGKILL skips that; then run `kvchaos cleanup`)\n")
+        else:
+            st.raised = True
+            st.cancelled_by = (signum, st.stage)
+        st.cancel()  # again on a later signal: a cancellation swallowed on the way is retried
+        return
     if st.raised or st.held:
         if st.raised and len(st.received) > 1:
             _say(f"kvchaos: {signal.Signals(signum).name} received; still healing faults and stopping the "
@@ -123,6 +147,7 @@ def handling() -> Iterator[None]:
     if st.installed == 0:
         st.received.clear()
         st.raised = False
+        st.cancelled_by = None
         # A signal the parent set to be ignored stays ignored (a job started with `&` by a
         # non-interactive shell ignores SIGINT; Python itself keeps that too).
         st.old = {sig: signal.signal(sig, _handler) for sig in SIGNALS
@@ -160,6 +185,59 @@ def deferred() -> Iterator[None]:
             if not st.held and not st.raised and len(st.received) > before:
                 st.raised = True
                 raise RunInterrupted(st.received[before], st.stage)
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` where a signal cancels instead of raising inside the loop.
+
+    Inside :func:`handling` (main thread), the first SIGINT or SIGTERM while the loop runs
+    cancels ``main``'s task (scheduled with ``call_soon_threadsafe``, as asyncio.Runner does
+    for SIGINT); once ``asyncio.run`` has returned (tasks done, the default executor's threads
+    joined, the loop closed) the RunInterrupted is raised here, with the stage the signal came
+    in. Later signals cancel again (a cancellation swallowed on the way) and are never raised.
+    Outside handling() (library use) this is plain ``asyncio.run``.
+
+    Returns:
+        what ``main`` returned, when no signal came.
+
+    Raises:
+        RunInterrupted: a signal came while the loop ran (also when ``main`` had just finished).
+        Whatever ``main`` raised, else.
+    """
+    st = _state
+    if not _main() or not st.installed or st.cancel is not None:
+        return asyncio.run(main)
+    box: dict[str, Any] = {}
+
+    def cancel() -> None:
+        loop, task = box.get("loop"), box.get("task")
+        if loop is None or task is None:
+            return  # the loop has not started main yet: wrapper() sees cancelled_by
+        try:
+            loop.call_soon_threadsafe(lambda: task.done() or task.cancel())
+        except RuntimeError:  # the loop closed in the meantime
+            pass
+
+    async def wrapper() -> T:
+        box["task"], box["loop"] = asyncio.current_task(), asyncio.get_running_loop()
+        if st.cancelled_by is not None:
+            main.close()
+            raise asyncio.CancelledError
+        return await main
+
+    st.cancel = cancel
+    result: Any = None
+    try:
+        result = asyncio.run(wrapper())
+    except asyncio.CancelledError:
+        if st.cancelled_by is None:
+            raise
+    finally:
+        st.cancel = None
+        owed, st.cancelled_by = st.cancelled_by, None
+        if owed is not None:
+            raise RunInterrupted(*owed)
+    return result
 
 
 def _exit_now(signum: int, _frame: object) -> None:

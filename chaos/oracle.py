@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from chaos.history import Op
+from chaos.interrupts import run_async  # a signal cancels the questions in flight
 from chaos.workload.client import SAMPLING, CompletionClient, CompletionRequest
 
 
@@ -212,7 +213,7 @@ class RecomputeOracle:
                 ask[key] = CompletionRequest(request_id=f"oracle-{key[:12]}", prompt_token_ids=prompt,
                                              max_tokens=max_tokens)
         if ask:
-            answers = asyncio.run(self._ask(list(ask.values()), logprobs=logprobs))
+            answers = run_async(self._ask(list(ask.values()), logprobs=logprobs))
             for key, req in ask.items():
                 ids, top = answers[req.request_id]
                 self._store(req.prompt_token_ids, req.max_tokens, ids, top)
@@ -242,7 +243,7 @@ class RecomputeOracle:
                                                    max_tokens=max_tokens))
         if not ask:
             return {}, {}
-        answers = asyncio.run(self._ask([r for _, r in ask.values()], logprobs=True, concurrency=concurrency))
+        answers = run_async(self._ask([r for _, r in ask.values()], logprobs=True, concurrency=concurrency))
         tokens = {rid: answers[req.request_id][0] for rid, req in ask.values()}
         tops = {rid: answers[req.request_id][1] or [] for rid, req in ask.values()}
         return tokens, tops

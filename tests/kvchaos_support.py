@@ -20,8 +20,10 @@ import os
 import shutil
 import signal
 import socket
-import threading
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,6 +71,21 @@ def default_sigint() -> None:
     the child inherits that, and Python (and kvchaos, on purpose: chaos/interrupts.py) keeps an
     inherited SIG_IGN, so the test would see its SIGINT ignored because of how CI was started."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def communicate_or_dump(proc: subprocess.Popen, timeout: float) -> str:
+    """``proc.communicate(timeout)``'s stdout; when it does not end in time, fail the test with
+    every thread's stack of the child (``kvchaos`` prints them on SIGUSR1: chaos/cli.py
+    dump_stacks_on_sigusr1) and its last output, then kill it: a hung run says where it hung."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        out = proc.communicate(timeout=60)[0] or ""
+        pytest.fail(f"pid {proc.pid} did not end within {timeout:.0f}s; its stacks and last output:\n"
+                    + out[-12000:], pytrace=False)
 
 
 def lmcache_bench(stack, tokens: int = 512) -> str:

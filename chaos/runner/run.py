@@ -326,7 +326,7 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
                 await asyncio.wait_for(phases(), timeout_s)
 
         try:
-            asyncio.run(bounded())
+            interrupts.run_async(bounded())  # a signal cancels the phases' task
         except asyncio.TimeoutError:
             error = f"scenario deadline of {timeout_s:.0f}s passed"
         finally:

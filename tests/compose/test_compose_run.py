@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from chaos.stack.compose import image_exists
-from kvchaos_support import default_sigint
+from kvchaos_support import communicate_or_dump, default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "kvchaos/reference:latest"
@@ -99,7 +99,7 @@ def test_sigint_mid_run_leaves_nothing(image, docker, tmp_path):
                 h.stat().st_size for h in (tmp_path / "reports").glob("node-exit-lmcache*/history.jsonl")):
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
+        out = communicate_or_dump(proc, 300)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -18,7 +18,7 @@ import pytest
 from chaos.journal import all_journals, open_entries
 from chaos.stack.probe import listeners
 from chaos.stack.spec import free_port
-from kvchaos_support import default_sigint
+from kvchaos_support import communicate_or_dump, default_sigint
 
 DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ def test_signal_mid_fault_heals_and_keeps_the_report(env, tmp_path, sig, times):
         for _ in range(times - 1):
             wait_for_report(tmp_path)  # healed and reported: the Ctrl-C meets the stack's stop
             runner.send_signal(sig)
-        out, _ = runner.communicate(timeout=300)
+        out = communicate_or_dump(runner, 300)
     finally:
         if runner.poll() is None:
             runner.kill()

@@ -3,6 +3,7 @@ interrupted runs are reported as such (verdict interrupted, 130/143)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -125,3 +126,113 @@ def test_after_the_run_a_signal_only_sets_the_exit_code():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def test_a_signal_inside_the_event_loop_cancels_the_task_and_is_raised_after_the_loop():
+    """The input that showed it: SIGINT as the first request of phase warm was sent (compose
+    backend, CI); raised where it landed inside the loop, the in-flight request's own
+    ``except CancelledError`` (which records its completion) never ran, and one such run never
+    came back. Now the signal cancels the task: the coroutine unwinds at an await."""
+    steps = []
+
+    async def phase() -> None:
+        steps.append("invoke")
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # lands inside this task's step
+            steps.append("step went on")  # the handler did not raise here
+            await asyncio.sleep(5)
+            steps.append("not reached")
+        except asyncio.CancelledError:
+            steps.append("completion recorded")
+            await asyncio.sleep(0.05)  # a cleanup that awaits still runs (one cancellation)
+            steps.append("cleanup awaited")
+            raise
+
+    with pytest.raises(RunInterrupted) as ei:
+        with interrupts.handling(), interrupts.stage("phase warm"):
+            interrupts.run_async(phase())
+    assert steps == ["invoke", "step went on", "completion recorded", "cleanup awaited"]
+    assert (ei.value.signum, ei.value.stage) == (signal.SIGINT, "phase warm")
+
+
+def test_the_loop_joins_its_worker_threads_before_the_interrupt_is_raised():
+    """A fault applied in a worker thread (asyncio.to_thread) is in place, and recorded, before
+    the heal that the RunInterrupted leads to starts: no apply runs after the heal."""
+    applied = []
+
+    def apply() -> None:
+        time.sleep(0.5)
+        applied.append("applied")
+
+    async def phase() -> None:
+        asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
+        await asyncio.to_thread(apply)
+        await asyncio.sleep(5)
+
+    with pytest.raises(RunInterrupted) as ei:
+        with interrupts.handling():
+            interrupts.run_async(phase())
+    assert applied == ["applied"]
+    assert ei.value.exit_code == 143
+
+
+def test_a_signal_as_the_loop_finishes_is_still_raised_and_a_second_cancels_again():
+    async def done_already() -> str:
+        os.kill(os.getpid(), signal.SIGINT)  # cancel is scheduled; the task ends first
+        return "finished"
+
+    with pytest.raises(RunInterrupted):
+        with interrupts.handling():
+            interrupts.run_async(done_already())
+
+    swallowed = []
+
+    async def swallows_one_cancel() -> None:
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            swallowed.append("first")  # e.g. a wait_for race that eats a cancellation
+            asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)
+        await asyncio.sleep(5)  # the second signal cancels this
+
+    t0 = time.monotonic()
+    with pytest.raises(RunInterrupted) as ei:
+        with interrupts.handling():
+            interrupts.run_async(swallows_one_cancel())
+    assert swallowed == ["first"] and time.monotonic() - t0 < 3
+    assert ei.value.signum == signal.SIGINT
+
+
+def test_run_async_outside_handling_is_plain_asyncio_run():
+    async def answer() -> int:
+        return 42
+
+    assert interrupts.run_async(answer()) == 42
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on():
+    """`kill -USR1 <pid>` of a kvchaos process that seems hung says where each thread waits."""
+    import subprocess
+    import sys
+
+    code = ("import threading, time\n"
+            "from chaos import cli\n"
+            "def stuck_in_a_worker(): time.sleep(60)\n"
+            "def fake_app():\n"
+            "    threading.Thread(target=stuck_in_a_worker, daemon=True).start()\n"
+            "    print('ready', flush=True); time.sleep(2); print('went on', flush=True)\n"
+            "cli.app = fake_app\n"
+            "cli.main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "went on" in out
+    assert "stuck_in_a_worker" in err and "fake_app" in err  # both threads' stacks
