@@ -483,11 +483,28 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     return matrix
 
 
+#: A shrink's search gets at least this many of the caught run's own durations: a cell whose
+#: runs take a minute (a restart, a reconnect wait) needs about ten candidates to reach the
+#: zoo's bound (tests/shrink/test_shrink_units.py), whatever ``--shrink-budget`` says.
+SHRINK_RUNS_AT_LEAST = 10
+
+
+def shrink_budget_for(run_dir: Path, budget_s: float) -> float:
+    """The search budget of one cell's shrink, seconds: ``budget_s``, or
+    :data:`SHRINK_RUNS_AT_LEAST` times the caught run's ``durations.total_s`` when that is more."""
+    try:
+        run_s = float(json.loads((Path(run_dir) / "result.json").read_text())["durations"]["total_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return budget_s
+    return max(budget_s, SHRINK_RUNS_AT_LEAST * run_s)
+
+
 def _shrink_cell(run_dir: Path, pool: object, budget_s: float, say: Callable[[str], None]) -> dict:
     """``kvchaos shrink`` of one caught cell on the zoo's stack pool; its size and times."""
     from chaos.shrink.cli import run_shrink
 
     t0 = time.monotonic()
+    budget_s = shrink_budget_for(run_dir, budget_s)
     try:
         res, path = run_shrink(run_dir, budget_s=budget_s, pool=pool, say=say)
     except Exception as exc:  # noqa: BLE001 - one cell's shrink must not stop the zoo
@@ -521,7 +538,8 @@ def zoo(
                                     "scenario: exact | tolerant (margin rule + noise floor)"),
     shrink: bool = typer.Option(False, "--shrink", help="shrink every caught cell (kvchaos shrink) and "
                                 "record its reproducer's size (slow: minutes per cell)"),
-    shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink"),
+    shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink (at least "
+                                        "10 times the caught run's own duration)"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 

@@ -4,10 +4,13 @@
       └─> start: the scenario with only that check, every phase's requests explicit
           └─> passes of reductions, in a fixed order, each candidate run on one reused stack
               (chaos/runner/stacks.py StackPool): accepted when the check fails in every one
-              of ``search_reruns`` runs
-                 phases (keep one / drop one) · faults (drop) · fault windows (start 0, halve)
-                 · max_tokens · requests per phase · families · prefix lengths · suffix tokens
+              of ``search_reruns`` runs; each pass runs to its fixpoint, then the next pass
+              works on the smaller scenario
+                 phases (keep one / drop one) · requests per phase · max_tokens · faults (drop)
+                 · fault windows (start 0, halve) · families · prefix lengths · suffix tokens
                  · concurrency · turns · tenants · streaming · phase durations
+              rounds of passes until one changes nothing; a change that passed is not tried
+              again until a last round retries them all (for a 1-minimal result)
           └─> final: the result must fail the check in ``reruns`` of ``reruns`` runs, else the
               previous accepted candidate is tried (newest first)
       ─> YAML (validates and runs as a normal scenario)
@@ -83,10 +86,9 @@ def _smaller_ints(n: int, floor: int = 1) -> list[int]:
     return out
 
 
-def reductions(s: Scenario) -> Iterator[Candidate]:
-    """Every single-step reduction of ``s``, biggest first within each kind, in a fixed order."""
+def _phases(s: Scenario) -> Iterator[Candidate]:
+    """Keep one phase (the last first: failures tend to show late), then drop one."""
     n_phases = len(s.phases)
-    # phases: keep one (the last first: failures tend to show late), then drop one
     if n_phases > 1:
         for i in reversed(range(n_phases)):
             c = _copy(s)
@@ -96,7 +98,30 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
             c = _copy(s)
             del c.phases[i]
             yield f"drop phase {s.phases[i].name}", c
-    # faults: all, then one at a time
+
+
+def _requests(s: Scenario) -> Iterator[Candidate]:
+    """Requests per phase, smallest first (0 for a phase when there are other phases)."""
+    for pi, p in enumerate(s.phases):
+        n = s.phase_requests(p)
+        options = ([0] if n and len(s.phases) > 1 else []) + _smaller_ints(n)
+        for k in options:
+            c = _copy(s)
+            c.phases[pi].requests = k
+            yield f"phase {p.name}: {n} -> {k} requests", c
+
+
+def _max_tokens(s: Scenario) -> Iterator[Candidate]:
+    """Fewer generated tokens: every later candidate runs faster."""
+    w = s.workload
+    for k in _smaller_ints(w.max_tokens):
+        c = _copy(s)
+        c.workload.max_tokens = k
+        yield f"max_tokens {w.max_tokens} -> {k}", c
+
+
+def _faults(s: Scenario) -> Iterator[Candidate]:
+    """Drop every fault, then one at a time."""
     all_faults = [(pi, fi) for pi, p in enumerate(s.phases) for fi in range(len(p.faults))]
     if len(all_faults) > 1:
         c = _copy(s)
@@ -108,38 +133,33 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
         name = c.phases[pi].faults[fi].name
         del c.phases[pi].faults[fi]
         yield f"drop fault {name}", c
-    # fault windows
-    for pi, fi in all_faults:
-        f = s.phases[pi].faults[fi]
-        if f.start > 0:
-            c = _copy(s)
-            c.phases[pi].faults[fi].start = 0.0
-            yield f"fault {f.name}: start at 0s", c
-        if f.duration is not None and f.duration > 1.0:
-            c = _copy(s)
-            c.phases[pi].faults[fi].duration = round(max(0.5, f.duration / 2), 3)
-            yield f"fault {f.name}: duration {f.duration:g}s -> {c.phases[pi].faults[fi].duration:g}s", c
-    # fewer generated tokens first: every later candidate runs faster
-    w = s.workload
-    for k in _smaller_ints(w.max_tokens):
-        c = _copy(s)
-        c.workload.max_tokens = k
-        yield f"max_tokens {w.max_tokens} -> {k}", c
-    # requests per phase (smallest first; 0 for a phase that has faults or other phases)
+
+
+def _windows(s: Scenario) -> Iterator[Candidate]:
+    """Fault windows: start at 0, half the duration."""
     for pi, p in enumerate(s.phases):
-        n = s.phase_requests(p)
-        options = ([0] if n and n_phases > 1 else []) + _smaller_ints(n)
-        for k in options:
-            c = _copy(s)
-            c.phases[pi].requests = k
-            yield f"phase {p.name}: {n} -> {k} requests", c
+        for fi, f in enumerate(p.faults):
+            if f.start > 0:
+                c = _copy(s)
+                c.phases[pi].faults[fi].start = 0.0
+                yield f"fault {f.name}: start at 0s", c
+            if f.duration is not None and f.duration > 1.0:
+                c = _copy(s)
+                c.phases[pi].faults[fi].duration = round(max(0.5, f.duration / 2), 3)
+                yield f"fault {f.name}: duration {f.duration:g}s -> {c.phases[pi].faults[fi].duration:g}s", c
+
+
+def _workload(s: Scenario) -> Iterator[Candidate]:
+    """Families, prefix lengths, suffix tokens, concurrency (last: it makes runs longer),
+    turns, tenants, streaming."""
+    w = s.workload
     for k in _smaller_ints(w.families):
         c = _copy(s)
         c.workload.families = k
         yield f"families {w.families} -> {k}", c
     lengths = w.prefix_tokens if isinstance(w.prefix_tokens, list) else [w.prefix_tokens]
     if len(lengths) > 1:
-        for i, v in enumerate(lengths):
+        for v in lengths:
             c = _copy(s)
             c.workload.prefix_tokens = [v]
             yield f"prefix_tokens {lengths} -> [{v}]", c
@@ -148,7 +168,6 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
             c = _copy(s)
             c.workload.suffix_tokens = k
             yield f"suffix_tokens {w.suffix_tokens} -> {k}", c
-    # less concurrency last: it makes each run longer
     for k in _smaller_ints(w.concurrency):
         c = _copy(s)
         c.workload.concurrency = k
@@ -165,11 +184,27 @@ def reductions(s: Scenario) -> Iterator[Candidate]:
         c = _copy(s)
         c.workload.stream = False
         yield "no streaming", c
+
+
+def _durations(s: Scenario) -> Iterator[Candidate]:
+    """Phases without their minimum duration."""
     for pi, p in enumerate(s.phases):
         if p.duration is not None:
             c = _copy(s)
             c.phases[pi].duration = None
             yield f"phase {p.name}: no minimum duration", c
+
+
+#: The reduction passes, in order: first what the size counts (phases, then requests), then
+#: what makes each later run cheaper (max_tokens), then the rest.
+PASSES: tuple[Callable[[Scenario], Iterator[Candidate]], ...] = (
+    _phases, _requests, _max_tokens, _faults, _windows, _workload, _durations)
+
+
+def reductions(s: Scenario) -> Iterator[Candidate]:
+    """Every single-step reduction of ``s``, pass by pass (:data:`PASSES`), in a fixed order."""
+    for make in PASSES:
+        yield from make(s)
 
 
 def _valid(c: Scenario) -> bool:
@@ -250,24 +285,39 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
         raise ValueError(f"the scenario does not fail {check} in {reruns} runs again; nothing to shrink")
     accepted = [current]
     tried: set[str] = set()  # a candidate met again (same model) is not run again
+    # A change that did not fail (e.g. "drop fault kill-lmcache") is not tried again in later
+    # rounds while the search still makes progress: its reason rarely goes away, and on a stack
+    # each try is a whole run. The last round tries them all again, for a 1-minimal result.
+    passed_changes: set[str] = set()
     spent = False
-    while not spent:  # first improvement, then start over on the smaller scenario: a fixpoint
+    strict = False
+    while not spent:
         changed = False
-        for change, cand in reductions(current):
-            if time.monotonic() - t0 > budget_s:
-                spent = True
-                break
-            key = cand.model_dump_json()
-            if key in tried or not _valid(cand):
-                continue
-            tried.add(key)
-            if attempt(change, cand, search_reruns):
-                current = cand
-                accepted.append(cand)
-                changed = True
-                break
+        for make in PASSES:  # each pass to its fixpoint, then the next from the smaller scenario
+            while not spent:
+                hit = False
+                for change, cand in make(current):
+                    if time.monotonic() - t0 > budget_s:
+                        spent = True
+                        break
+                    key = cand.model_dump_json()
+                    if key in tried or (not strict and change in passed_changes) or not _valid(cand):
+                        continue
+                    tried.add(key)
+                    if attempt(change, cand, search_reruns):
+                        current = cand
+                        accepted.append(cand)
+                        changed = hit = True
+                        break
+                    passed_changes.add(change)
+                if not hit:
+                    break
         if not changed:
-            break
+            if strict:
+                break
+            strict = True  # one more round, retrying every change that passed before
+        else:
+            strict = False
     # final verification, newest accepted first
     verified, run_s = 0, 0.0
     for cand in reversed(accepted):

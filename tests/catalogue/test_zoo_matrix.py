@@ -335,3 +335,13 @@ def test_diagnosis_summary_counts_verdicts(tmp_path: Path) -> None:
             for i, (v, k) in enumerate([("kv_content", "zero"), ("kv_content", "zero"), ("unknown", None)])]
     (tmp_path / "diagnosis.json").write_text(Diagnosis(run_id="r", requests=reqs).model_dump_json())
     assert diagnosis_summary(tmp_path) == "kv_content (zero) x2, unknown"
+
+
+def test_a_slow_cell_gets_a_shrink_budget_of_ten_of_its_runs(tmp_path):
+    from chaos.zoo import shrink_budget_for
+
+    (tmp_path / "result.json").write_text(json.dumps({"durations": {"total_s": 56.6}}))
+    assert shrink_budget_for(tmp_path, 180.0) == pytest.approx(566.0)
+    (tmp_path / "result.json").write_text(json.dumps({"durations": {"total_s": 3.0}}))
+    assert shrink_budget_for(tmp_path, 180.0) == 180.0
+    assert shrink_budget_for(tmp_path / "gone", 180.0) == 180.0

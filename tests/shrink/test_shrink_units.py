@@ -99,3 +99,37 @@ def test_budget_stops_the_search_but_still_verifies() -> None:
 def test_normalise_makes_requests_explicit() -> None:
     s = normalise(_scenario("smoke"), "recompute_equivalence")
     assert [p.requests for p in s.phases] == [12, 12] and s.name == "smoke-shrunk"
+
+
+def _store_then_hit(s: Scenario) -> bool:
+    """A false hit needs a phase that stores and a later one that hits (chunk-boundary-full-hit
+    with hit-plus-one-chunk)."""
+    reqs = [s.phase_requests(p) for p in s.phases]
+    return any(n and any(reqs[i + 1:]) for i, n in enumerate(reqs))
+
+
+def _kill_then_a_request_in_recover(s: Scenario) -> bool:
+    """No recovery after a node exit (lmcache-restart, node-exit-lmcache with no-reconnect):
+    the kill and at least one request in the recover phase after it."""
+    for i, p in enumerate(s.phases):
+        if any(f.kind == "kill" for f in p.faults):
+            return any(q.name == "recover" and s.phase_requests(q) for q in s.phases[i + 1:])
+    return False
+
+
+@pytest.mark.parametrize("name,check,pred", [
+    ("chunk-boundary-full-hit", "recompute_equivalence", _store_then_hit),
+    ("lmcache-restart", "hit_recovery", _kill_then_a_request_in_recover),
+    ("node-exit-lmcache", "hit_recovery", _kill_then_a_request_in_recover),
+])
+def test_the_size_bound_is_reached_in_few_runs(name, check, pred) -> None:
+    """On a stack each candidate is a whole run (up to a minute with a restart and a reconnect
+    wait): the bound of `kvchaos zoo --shrink` (<= 2 phases, <= 8 requests) must come within
+    the first 10 runs, not after the search has re-tried the same failed changes after every
+    step (it took 15 and more when each accepted step restarted every pass)."""
+    fails, calls = _fails_when(pred)
+    res = shrink(_scenario(name), check, fails, reruns=3)
+    first = next(i for i, c in enumerate(calls) if c["phases"] <= 2 and c["requests"] <= 8 and
+                 res.steps[i].accepted)
+    assert first < 10, [(s.change, s.accepted) for s in res.steps]
+    assert res.verified == 3 and res.final["phases"] <= 2 and res.final["requests"] <= 2
