@@ -1,6 +1,7 @@
 """``kvchaos shrink RUN_DIR``: the smallest scenario that still fails the run's check.
 
-Candidates run on one reused stack (chaos/runner/stacks.py StackPool), with diagnosis off; each
+Candidates run on one reused stack (chaos/runner/stacks.py StackPool), with diagnosis off; a run
+with planted engine bugs gets control runs on the clean engine (the result must pass there); each
 candidate's report folder is removed once judged (the final verification's last one is kept
 under ``RUN_DIR/shrink/``). Writes ``RUN_DIR/shrunk.yaml`` (or ``--out``) and
 ``RUN_DIR/shrink.json`` (every step, sizes, times). Exit codes: 0 written, 1 the run does not
@@ -94,7 +95,8 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     old_diag = os.environ.get("KVCHAOS_DIAGNOSE")
     os.environ["KVCHAOS_DIAGNOSE"] = "0"  # candidates are judged by their checks only
 
-    def fails(cand: Scenario) -> tuple[bool, float, str]:
+    def run_once(cand: Scenario) -> tuple[str, float, str, bool]:
+        """One run of ``cand``: (the target check's verdict, seconds, note, an error came)."""
         run_id = new_run_id(cand.name)
         cdir = work / run_id
         t0 = time.monotonic()
@@ -112,11 +114,22 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
         for d in last_dir:
             shutil.rmtree(d, ignore_errors=True)
         last_dir[:] = [cdir]
-        return verdict == "failed" and res.error is None, secs, note
+        return verdict, secs, note, res.error is not None
+
+    def fails(cand: Scenario) -> tuple[bool, float, str]:
+        verdict, secs, note, error = run_once(cand)
+        return verdict == "failed" and not error, secs, note
+
+    def control(cand: Scenario) -> tuple[bool, float, str]:
+        """The candidate on the clean engine: anything but a pass counts as failing there."""
+        clean = cand.model_copy(deep=True)
+        clean.engine.bugs = []
+        verdict, secs, note, _error = run_once(clean)
+        return verdict != "passed", secs, note
 
     try:
         res = shrink_scenario(scenario, target, fails, reruns=reruns, search_reruns=search_reruns,
-                              budget_s=budget_s, say=say)
+                              budget_s=budget_s, control=control if scenario.engine.bugs else None, say=say)
     finally:
         if own_pool:
             pool.close()

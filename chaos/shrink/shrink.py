@@ -11,6 +11,8 @@
                  · concurrency · turns · tenants · streaming · phase durations
               rounds of passes until one changes nothing; a change that passed is not tried
               again until a last round retries them all (for a 1-minimal result)
+              with planted bugs, an accepted candidate must also pass on the clean engine
+              (a control run): the search must not slip to a scenario failing on its own
           └─> final: the result must fail the check in ``reruns`` of ``reruns`` runs, else the
               previous accepted candidate is tried (newest first)
       ─> YAML (validates and runs as a normal scenario)
@@ -201,6 +203,13 @@ PASSES: tuple[Callable[[Scenario], Iterator[Candidate]], ...] = (
     _phases, _requests, _max_tokens, _faults, _windows, _workload, _durations)
 
 
+#: The passes whose candidates get a control run when accepted: taking requests, phases or
+#: faults away can leave a scenario that fails on its own (nothing stored before the phase that
+#: must hit); fewer tokens, families or prefix lengths cannot turn a clean engine's pass into a
+#: failure of a check on their own.
+CONTROLLED = (_phases, _requests, _faults, _windows, _durations)
+
+
 def reductions(s: Scenario) -> Iterator[Candidate]:
     """Every single-step reduction of ``s``, pass by pass (:data:`PASSES`), in a fixed order."""
     for make in PASSES:
@@ -244,6 +253,7 @@ class ShrinkResult:
 
 def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[bool, float, str]], *,
            reruns: int = 3, search_reruns: int = 1, budget_s: float = 300.0,
+           control: Callable[[Scenario], tuple[bool, float, str]] | None = None,
            say: Callable[[str], None] = lambda _m: None) -> ShrinkResult:
     """Shrink ``scenario`` while ``fails`` says the check still fails.
 
@@ -254,6 +264,11 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
         reruns: final verification runs (all must fail).
         search_reruns: runs per candidate during the search (all must fail).
         budget_s: wall-time budget of the search (the final verification runs after it).
+        control: runs a candidate without what is under test (a planted bug: the clean engine)
+            and returns the same triple. The search can slip to a scenario that fails the check
+            for a reason of its own (no request left to store what a later phase must hit: that
+            fails ``hit_recovery`` on any engine); with a control, a candidate of a
+            :data:`CONTROLLED` pass that fails is accepted only when its control run passes.
 
     Returns:
         The :class:`ShrinkResult`.
@@ -265,7 +280,7 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
     current = normalise(scenario, check)
     steps: list[ShrinkStep] = []
 
-    def attempt(change: str, cand: Scenario, n: int) -> bool:
+    def attempt(change: str, cand: Scenario, n: int, controlled: bool = True) -> bool:
         step = ShrinkStep(change=change, accepted=False)
         steps.append(step)
         for _ in range(n):
@@ -275,12 +290,19 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
             if not failed:
                 say(f"  {change}: passes ({note})")
                 return False
+        if control is not None and controlled:  # (the start was caught against a clean row)
+            failed, secs, note = control(cand)
+            step.runs.append(round(secs, 2))
+            if failed:
+                step.note = f"fails without the bug too ({note})"
+                say(f"  {change}: {step.note}")
+                return False
         step.accepted = True
         say(f"  {change}: still fails -> {size(cand)}")
         return True
 
     # A timing-dependent failure may need a few tries to show again: up to ``reruns``.
-    if not any(attempt(f"start (only the target check), try {i + 1}", current, search_reruns)
+    if not any(attempt(f"start (only the target check), try {i + 1}", current, search_reruns, controlled=False)
                for i in range(reruns)):
         raise ValueError(f"the scenario does not fail {check} in {reruns} runs again; nothing to shrink")
     accepted = [current]
@@ -304,7 +326,7 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
                     if key in tried or (not strict and change in passed_changes) or not _valid(cand):
                         continue
                     tried.add(key)
-                    if attempt(change, cand, search_reruns):
+                    if attempt(change, cand, search_reruns, controlled=make in CONTROLLED):
                         current = cand
                         accepted.append(cand)
                         changed = hit = True

@@ -133,3 +133,34 @@ def test_the_size_bound_is_reached_in_few_runs(name, check, pred) -> None:
                  res.steps[i].accepted)
     assert first < 10, [(s.change, s.accepted) for s in res.steps]
     assert res.verified == 3 and res.final["phases"] <= 2 and res.final["requests"] <= 2
+
+
+def _nothing_stored_before_recover(s: Scenario) -> bool:
+    """hit_recovery fails on any engine when no phase before `recover` sent a request: there
+    is nothing to hit."""
+    names = [p.name for p in s.phases]
+    if "recover" not in names:
+        return False
+    i = names.index("recover")
+    return s.phase_requests(s.phases[i]) > 0 and not any(s.phase_requests(p) for p in s.phases[:i])
+
+
+def test_a_control_keeps_the_search_from_slipping_to_a_failure_of_its_own() -> None:
+    """The input that showed it: `kvchaos shrink` of lmcache-restart caught with no-reconnect
+    ended at one `recover` request and no fault, which fails hit_recovery on the clean engine
+    too (nothing was stored before it): the search had slipped when it took the crash phase's
+    requests to 0. With the clean engine as control such a step is refused."""
+    def with_bug(s: Scenario) -> bool:
+        return _kill_then_a_request_in_recover(s) or _nothing_stored_before_recover(s)
+
+    fails, _ = _fails_when(with_bug)
+    slipped = shrink(_scenario("lmcache-restart"), "hit_recovery", fails, reruns=3)
+    assert _nothing_stored_before_recover(slipped.scenario)  # what happened without a control
+
+    fails, calls = _fails_when(with_bug)
+    control, _ = _fails_when(_nothing_stored_before_recover)
+    res = shrink(_scenario("lmcache-restart"), "hit_recovery", fails, reruns=3, control=control)
+    s = res.scenario
+    assert res.verified == 3 and not _nothing_stored_before_recover(s) and _kill_then_a_request_in_recover(s)
+    assert res.final["phases"] <= 2 and res.final["requests"] <= 8
+    assert any("fails without the bug too" in st.note for st in res.steps)
