@@ -485,18 +485,24 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
 
 #: A shrink's search gets at least this many of the caught run's own durations: a cell whose
 #: runs take a minute (a restart, a reconnect wait) needs about ten candidates to reach the
-#: zoo's bound (tests/shrink/test_shrink_units.py), whatever ``--shrink-budget`` says.
+#: zoo's bound (tests/shrink/test_shrink_units.py), whatever ``--shrink-budget`` says. With
+#: planted engine bugs each accepted candidate also gets a control run on the clean engine:
+#: twice that.
 SHRINK_RUNS_AT_LEAST = 10
 
 
 def shrink_budget_for(run_dir: Path, budget_s: float) -> float:
     """The search budget of one cell's shrink, seconds: ``budget_s``, or
-    :data:`SHRINK_RUNS_AT_LEAST` times the caught run's ``durations.total_s`` when that is more."""
+    :data:`SHRINK_RUNS_AT_LEAST` times the caught run's ``durations.total_s`` (twice that when
+    the run has ``engine_bugs``: control runs) when that is more. A result.json that cannot be
+    read (or has no durations) gives ``budget_s``."""
     try:
-        run_s = float(json.loads((Path(run_dir) / "result.json").read_text())["durations"]["total_s"])
+        result = json.loads((Path(run_dir) / "result.json").read_text())
+        run_s = float(result["durations"]["total_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return budget_s
-    return max(budget_s, SHRINK_RUNS_AT_LEAST * run_s)
+    runs = SHRINK_RUNS_AT_LEAST * (2 if result.get("engine_bugs") else 1)
+    return max(budget_s, runs * run_s)
 
 
 def _shrink_cell(run_dir: Path, pool: object, budget_s: float, say: Callable[[str], None]) -> dict:
@@ -539,7 +545,7 @@ def zoo(
     shrink: bool = typer.Option(False, "--shrink", help="shrink every caught cell (kvchaos shrink) and "
                                 "record its reproducer's size (slow: minutes per cell)"),
     shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink (at least "
-                                        "10 times the caught run's own duration)"),
+                                        "10 times the caught run's own duration, 20 with planted bugs: control runs)"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 

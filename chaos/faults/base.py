@@ -50,8 +50,9 @@ FAULT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 class FaultParams(BaseModel):
     """Fields every fault has. Subclasses add ``kind: Literal["<kind>"]`` and their settings.
 
-    ``start`` is seconds after its phase starts; the fault is healed ``duration`` seconds after
-    it is applied, or when the phase ends (after its requests are done) with ``until: end``.
+    ``start`` is seconds after its phase starts (``after: requests``: after the phase's requests
+    are done); the fault is healed ``duration`` seconds after it is applied, or when the phase
+    ends (after its requests are done) with ``until: end``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -65,6 +66,11 @@ class FaultParams(BaseModel):
     )
     start: Duration = Field(
         default=0.0, description="when to apply, after the phase starts (>= 0; e.g. 0s, 500ms, 2)"
+    )
+    after: Literal["phase_start", "requests"] = Field(
+        default="phase_start",
+        description="what `start` counts from: phase_start (default) or requests: once the phase's "
+        "requests are done (e.g. kill a server after the requests that stored to it; needs a `duration`)",
     )
     duration: PositiveDuration | None = Field(
         default=None, description="how long the fault lasts (> 0); exactly one of duration/until"
@@ -92,6 +98,9 @@ class FaultParams(BaseModel):
                 if self.duration is None
                 else "give either `duration` or `until: end`, not both"
             )
+        if self.after == "requests" and self.until is not None:
+            raise ValueError("`after: requests` needs a `duration` (with `until: end` the fault would be "
+                             "healed as soon as it is applied)")
         return self
 
     @property
@@ -100,7 +109,8 @@ class FaultParams(BaseModel):
         return self.name or self.kind
 
     def end_s(self) -> float | None:
-        """Seconds after the phase start at which the fault is healed; None for ``until: end``."""
+        """Seconds after the phase start (``after: requests``: after the phase's requests are
+        done) at which the fault is healed; None for ``until: end``."""
         return None if self.duration is None else self.start + self.duration
 
     def stack_refs(self) -> dict[str, str]:

@@ -185,7 +185,8 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
 
     With ``requests_start: after_faults`` (the default) the faults that start at 0 are applied
     first, in file order, and the requests start once they are in place; later faults keep their
-    ``start`` on the phase clock. The phase's own ``trigger`` is watched from the phase start
+    ``start`` on the phase clock; a fault with ``after: requests`` counts its ``start`` from when
+    the phase's requests are done. The phase's own ``trigger`` is watched from the phase start
     until its requests and fault timelines are done (before ``until: end`` faults are healed).
     """
     loop_t0 = time.monotonic()
@@ -195,19 +196,27 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         await asyncio.to_thread(watch.begin)
         watch.start()
 
+    requests_done = asyncio.Event()
+    requests_done_at: list[float] = []
+
     async def fault_timeline(fault: Fault, applied: bool) -> None:
         p = fault.params
+        t0 = loop_t0
+        if p.after == "requests":
+            await requests_done.wait()
+            t0 = requests_done_at[0]
         if not applied:
-            await asyncio.sleep(max(0.0, p.start - (time.monotonic() - loop_t0)))
+            await asyncio.sleep(max(0.0, p.start - (time.monotonic() - t0)))
             await asyncio.to_thread(nemesis.apply, fault, phase.name)
         if p.duration is not None:
-            await asyncio.sleep(max(0.0, p.start + p.duration - (time.monotonic() - loop_t0)))
+            await asyncio.sleep(max(0.0, p.start + p.duration - (time.monotonic() - t0)))
             entry = next(e for e in nemesis.applied if e.fault is fault)
             await asyncio.to_thread(nemesis.heal, entry)
 
     n = scenario.phase_requests(phase)
     conversations = plan_phase(scenario.workload, scenario.seed, phase.name, n) if n else []
-    first = [f for f in faults if f.params.start <= 0] if phase.requests_start == "after_faults" else []
+    first = ([f for f in faults if f.params.start <= 0 and f.params.after == "phase_start"]
+             if phase.requests_start == "after_faults" else [])
     tasks: list[asyncio.Task] = []
     try:
         for f in first:  # in place before the first request is sent
@@ -218,6 +227,8 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             await run_conversations(client, conversations, phase=phase.name,
                                     concurrency=scenario.workload.concurrency, deadline_s=deadline_s,
                                     cancel_for=nemesis.cancel_for)
+        requests_done_at.append(time.monotonic())
+        requests_done.set()
         if tasks:
             await asyncio.gather(*tasks)
         if phase.duration is not None:

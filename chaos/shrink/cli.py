@@ -84,6 +84,9 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     if not result.scenario_path or not Path(result.scenario_path).is_file():
         raise ValueError(f"{run_dir}: the run's scenario file {result.scenario_path!r} is gone")
     scenario = load_scenario(result.scenario_path)
+    # each fault's window in the caught run: an `until: end` fault merged into another phase keeps it
+    windows = {f.fault_id: f.healed_at - f.applied_at for f in result.faults
+               if f.applied_at is not None and f.healed_at is not None and f.healed_at > f.applied_at}
     scenario.engine.bugs = list(result.engine_bugs)
     out = Path(out) if out is not None else run_dir / "shrunk.yaml"
     work = run_dir / "shrink"
@@ -129,7 +132,8 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
 
     try:
         res = shrink_scenario(scenario, target, fails, reruns=reruns, search_reruns=search_reruns,
-                              budget_s=budget_s, control=control if scenario.engine.bugs else None, say=say)
+                              budget_s=budget_s, control=control if scenario.engine.bugs else None,
+                              windows=windows, say=say)
     finally:
         if own_pool:
             pool.close()

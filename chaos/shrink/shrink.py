@@ -6,7 +6,9 @@
               (chaos/runner/stacks.py StackPool): accepted when the check fails in every one
               of ``search_reruns`` runs; each pass runs to its fixpoint, then the next pass
               works on the smaller scenario
-                 phases (keep one / drop one) · requests per phase · max_tokens · faults (drop)
+                 phases (keep one / drop one) · requests (every phase at 1, then per phase)
+                 · merge a phase into the one before (its faults after that phase's requests)
+                 · max_tokens · faults (drop)
                  · fault windows (start 0, halve) · families · prefix lengths · suffix tokens
                  · concurrency · turns · tenants · streaming · phase durations
               rounds of passes until one changes nothing; a change that passed is not tried
@@ -103,14 +105,52 @@ def _phases(s: Scenario) -> Iterator[Candidate]:
 
 
 def _requests(s: Scenario) -> Iterator[Candidate]:
-    """Requests per phase, smallest first (0 for a phase when there are other phases)."""
+    """Every phase at one request at once (ddmin's big step: most scenarios need one request
+    where a fault or a check looks), then requests per phase, smallest first. 0 only for a
+    phase that holds faults or a minimum duration (without either, 0 requests is "drop phase",
+    already tried by :func:`_phases`)."""
+    counts = [s.phase_requests(p) for p in s.phases]
+    if sum(1 for n in counts if n > 1) > 1:
+        c = _copy(s)
+        for p, n in zip(c.phases, counts):
+            p.requests = min(n, 1)
+        yield f"every phase at most 1 request ({counts} -> {[min(n, 1) for n in counts]})", c
     for pi, p in enumerate(s.phases):
-        n = s.phase_requests(p)
-        options = ([0] if n and len(s.phases) > 1 else []) + _smaller_ints(n)
+        n = counts[pi]
+        holds = bool(p.faults) or p.duration is not None
+        options = ([0] if n and len(s.phases) > 1 and holds else []) + _smaller_ints(n)
         for k in options:
             c = _copy(s)
             c.phases[pi].requests = k
             yield f"phase {p.name}: {n} -> {k} requests", c
+
+
+def _merge(s: Scenario, windows: dict[str, float] | None = None) -> Iterator[Candidate]:
+    """One phase fewer: a phase's faults move into the phase before it, applied once that
+    phase's requests are done (``after: requests``, same ``start``), and its requests are
+    dropped (the requests pass may already have taken them to 0). A fault with ``until: end``
+    gets a ``duration``: the window it had in the caught run (``windows``: fault id -> seconds
+    from apply to heal), else the phase's own length (its ``duration``, its longest fault), at
+    least 0.5 s. Last phase first. E.g. warm / crash (kill LMCache) / recover becomes warm
+    (kill LMCache after its requests) / recover."""
+    windows = windows or {}
+    for i in reversed(range(1, len(s.phases))):
+        src = s.phases[i]
+        if not src.faults:
+            continue
+        c = _copy(s)
+        into = c.phases[i - 1]
+        length = max([src.duration or 0.0] + [f.end_s() or 0.0 for f in src.faults])
+        for f in c.phases[i].faults:
+            if f.until is not None:
+                f.until = None
+                f.duration = round(max(0.5, windows.get(f.id, length)), 3)
+            f.after = "requests"
+            into.faults.append(f)
+        del c.phases[i]
+        n = s.phase_requests(src)
+        yield (f"merge phase {src.name} into {into.name} (its faults after {into.name}'s requests"
+               + (f", its {n} requests dropped)" if n else ")")), c
 
 
 def _max_tokens(s: Scenario) -> Iterator[Candidate]:
@@ -199,21 +239,22 @@ def _durations(s: Scenario) -> Iterator[Candidate]:
 
 #: The reduction passes, in order: first what the size counts (phases, then requests), then
 #: what makes each later run cheaper (max_tokens), then the rest.
-PASSES: tuple[Callable[[Scenario], Iterator[Candidate]], ...] = (
-    _phases, _requests, _max_tokens, _faults, _windows, _workload, _durations)
+PASSES: tuple[Callable[..., Iterator[Candidate]], ...] = (
+    _phases, _requests, _merge, _max_tokens, _faults, _windows, _workload, _durations)
 
 
 #: The passes whose candidates get a control run when accepted: taking requests, phases or
 #: faults away can leave a scenario that fails on its own (nothing stored before the phase that
 #: must hit); fewer tokens, families or prefix lengths cannot turn a clean engine's pass into a
 #: failure of a check on their own.
-CONTROLLED = (_phases, _requests, _faults, _windows, _durations)
+CONTROLLED = (_phases, _requests, _merge, _faults, _windows, _durations)
 
 
-def reductions(s: Scenario) -> Iterator[Candidate]:
-    """Every single-step reduction of ``s``, pass by pass (:data:`PASSES`), in a fixed order."""
+def reductions(s: Scenario, windows: dict[str, float] | None = None) -> Iterator[Candidate]:
+    """Every single-step reduction of ``s``, pass by pass (:data:`PASSES`), in a fixed order
+    (``windows``: see :func:`_merge`)."""
     for make in PASSES:
-        yield from make(s)
+        yield from (make(s, windows) if make is _merge else make(s))
 
 
 def _valid(c: Scenario) -> bool:
@@ -254,6 +295,7 @@ class ShrinkResult:
 def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[bool, float, str]], *,
            reruns: int = 3, search_reruns: int = 1, budget_s: float = 300.0,
            control: Callable[[Scenario], tuple[bool, float, str]] | None = None,
+           windows: dict[str, float] | None = None,
            say: Callable[[str], None] = lambda _m: None) -> ShrinkResult:
     """Shrink ``scenario`` while ``fails`` says the check still fails.
 
@@ -269,6 +311,9 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
             for a reason of its own (no request left to store what a later phase must hit: that
             fails ``hit_recovery`` on any engine); with a control, a candidate of a
             :data:`CONTROLLED` pass that fails is accepted only when its control run passes.
+        windows: each fault's window in the caught run (fault id -> seconds from apply to
+            heal), for :func:`_merge` (an ``until: end`` fault moved into another phase keeps
+            the length it had).
 
     Returns:
         The :class:`ShrinkResult`.
@@ -318,7 +363,7 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
         for make in PASSES:  # each pass to its fixpoint, then the next from the smaller scenario
             while not spent:
                 hit = False
-                for change, cand in make(current):
+                for change, cand in (make(current, windows) if make is _merge else make(current)):
                     if time.monotonic() - t0 > budget_s:
                         spent = True
                         break

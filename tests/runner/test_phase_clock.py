@@ -19,11 +19,11 @@ from chaos.workload.client import CompletionClient
 from workload.engine_double import EngineDouble
 
 
-def scenario(requests_start: str, trigger=None) -> Scenario:
+def scenario(requests_start: str, trigger=None, **fault) -> Scenario:
     phase = {"name": "p", "requests": 4, "requests_start": requests_start,
              "faults": [{"kind": "hook", "name": "slow-apply", "service": "engine",
                          "apply": {"argv": ["sleep", "0.3"]}, "evidence": {"argv": ["true"]},
-                         "duration": 1}]}
+                         "duration": 1, **fault}]}
     if trigger is not None:
         phase["trigger"] = trigger
     return Scenario.model_validate(
@@ -65,6 +65,22 @@ def test_requests_start_after_the_start_zero_faults_are_applied(tmp_path):
 def test_at_once_lets_the_requests_race_the_fault(tmp_path):
     applied, first = times(run_phase(scenario("at_once"), tmp_path))
     assert first < applied - 0.2
+
+
+def test_a_fault_after_requests_is_applied_once_they_are_done_and_keeps_its_duration(tmp_path):
+    # e.g. kill LMCache once the phase's requests have stored to it (a shrink merges a phase
+    # that only held a fault into the phase before it this way)
+    history = run_phase(scenario("after_faults", after="requests", start=0.2, duration=0.5), tmp_path)
+    last_done = max(op.time for op in history.ops if op.f == "complete" and op.type != "invoke")
+    applied = next(op.time for op in history.ops if op.f == "apply" and op.type == "ok")
+    healed = next(op.time for op in history.ops if op.f == "heal" and op.type == "ok")
+    assert applied >= last_done + 0.2 + 0.3  # start counted from the requests' end (+ 0.3 s to apply)
+    assert healed >= applied + 0.5 - 0.3 - 0.05
+
+
+def test_after_requests_needs_a_duration():
+    with pytest.raises(ValueError, match="`after: requests` needs a `duration`"):
+        scenario("after_faults", after="requests", duration=None, until="end")
 
 
 def test_a_phase_trigger_is_recorded_and_judged(tmp_path):

@@ -164,3 +164,71 @@ def test_a_control_keeps_the_search_from_slipping_to_a_failure_of_its_own() -> N
     assert res.verified == 3 and not _nothing_stored_before_recover(s) and _kill_then_a_request_in_recover(s)
     assert res.final["phases"] <= 2 and res.final["requests"] <= 8
     assert any("fails without the bug too" in st.note for st in res.steps)
+
+
+def _stored_before(s: Scenario, k: int) -> bool:
+    """A request stored to LMCache before the kill of phase ``k``: one of an earlier phase, or
+    of phase k itself when the kill comes after its requests (with ``after: phase_start`` its
+    requests meet the dead server)."""
+    kill = next(f for f in s.phases[k].faults if f.kind == "kill")
+    return (any(s.phase_requests(p) for p in s.phases[:k])
+            or (kill.after == "requests" and s.phase_requests(s.phases[k]) > 0))
+
+
+def _kill_index(s: Scenario) -> int | None:
+    return next((i for i, p in enumerate(s.phases) if any(f.kind == "kill" for f in p.faults)), None)
+
+
+def _no_reconnect_on_the_stack(s: Scenario) -> bool:
+    """What the reference stack does with no-reconnect (zoo run of lmcache-restart): the
+    recover phase misses when something was stored before the kill and a recover request comes
+    after it (the engine gave LMCache up); or when nothing was stored at all."""
+    k = _kill_index(s)
+    names = [p.name for p in s.phases]
+    if "recover" not in names or not s.phase_requests(s.phases[names.index("recover")]):
+        return False
+    if k is None or k >= names.index("recover"):
+        return _nothing_stored_before_recover(s)
+    return True
+
+
+def _clean_stack_fails(s: Scenario) -> bool:
+    """The clean engine reconnects: recover fails only when nothing was stored before it
+    (requests that met the dead server stored nothing)."""
+    names = [p.name for p in s.phases]
+    if "recover" not in names:
+        return False
+    r = names.index("recover")
+    k = _kill_index(s)
+    stored = any(s.phase_requests(p) for i, p in enumerate(s.phases[:r]) if i != k)
+    if k is not None and k < r:
+        stored = stored or _stored_before(s, k)
+    return s.phase_requests(s.phases[r]) > 0 and not stored
+
+
+def test_a_phase_that_only_holds_a_fault_is_merged_into_the_one_before() -> None:
+    """The input that showed it: the zoo's shrink of lmcache-restart with no-reconnect (a
+    control run for every accepted step) stopped at warm / crash / recover, 21 requests: the
+    crash phase's kill must come after something was stored and before the recover requests,
+    so no phase could be dropped. Every phase at 1 request, then the crash phase's faults moved
+    into warm after its requests (``after: requests``), reach 2 phases and 2 requests."""
+    fails, calls = _fails_when(_no_reconnect_on_the_stack)
+    control, _ = _fails_when(_clean_stack_fails)
+    res = shrink(_scenario("lmcache-restart"), "hit_recovery", fails, reruns=3, control=control)
+    s = res.scenario
+    assert res.verified == 3 and (res.final["phases"], res.final["requests"]) == (2, 2), \
+        [(st.change, st.accepted) for st in res.steps]
+    (kill,) = [f for p in s.phases for f in p.faults]
+    assert kill.after == "requests" and s.phases[0].faults == [kill]
+    assert not _clean_stack_fails(s)
+    assert len(calls) < 30, len(calls)
+
+
+def test_merge_gives_an_until_end_fault_the_window_it_had() -> None:
+    s = normalise(_scenario("lookup-timeout"), "hit_recovery")
+    merged = [c for change, c in reductions(s, {"stall-engine-lmcache": 7.25}) if change.startswith("merge phase stall")]
+    (c,) = merged
+    assert [p.name for p in c.phases] == ["warm", "settle", "recover"]
+    (f,) = c.phases[0].faults
+    assert (f.after, f.until, f.duration, f.start) == ("requests", None, 7.25, 0.0)
+    assert "after: requests" in scenario_yaml(c, REPO / "scenarios" / "x.yaml")
