@@ -483,26 +483,28 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     return matrix
 
 
-#: A shrink's search gets at least this many of the caught run's own durations: a cell whose
-#: runs take a minute (a restart, a reconnect wait) needs about ten candidates to reach the
-#: zoo's bound (tests/shrink/test_shrink_units.py), whatever ``--shrink-budget`` says. With
-#: planted engine bugs each accepted candidate also gets a control run on the clean engine:
-#: twice that.
+#: A shrink's search gets at least this many of a run's own durations: a cell whose runs take
+#: a minute (a restart, a reconnect wait) needs about ten candidates to reach the zoo's bound
+#: (tests/shrink/test_shrink_units.py), whatever ``--shrink-budget`` says. With planted engine
+#: bugs each accepted candidate also gets a control run on the clean engine: twice that.
 SHRINK_RUNS_AT_LEAST = 10
 
 
-def shrink_budget_for(run_dir: Path, budget_s: float) -> float:
-    """The search budget of one cell's shrink, seconds: ``budget_s``, or
-    :data:`SHRINK_RUNS_AT_LEAST` times the caught run's ``durations.total_s`` (twice that when
-    the run has ``engine_bugs``: control runs) when that is more. A result.json that cannot be
-    read (or has no durations) gives ``budget_s``."""
+def shrink_budget_for(run_dir: Path, budget_s: float) -> tuple[float, int]:
+    """The search budget of one cell's shrink: ``(seconds, runs)``. Seconds: ``budget_s``, or
+    ``runs`` times the caught run's ``durations.total_s`` when that is more; runs:
+    :data:`SHRINK_RUNS_AT_LEAST` (twice that when the run has ``engine_bugs``: control runs),
+    also applied by the shrink to its own first run (``runs_at_least``: a candidate's run on
+    the shrink's stack, with an engine restart between bugs on and off, can take several times
+    the caught run's, e.g. 25-60 s for a lookup-timeout run of 10 s). A result.json that cannot
+    be read (or has no durations) gives ``(budget_s, SHRINK_RUNS_AT_LEAST)``."""
     try:
         result = json.loads((Path(run_dir) / "result.json").read_text())
         run_s = float(result["durations"]["total_s"])
     except (OSError, ValueError, KeyError, TypeError):
-        return budget_s
+        return budget_s, SHRINK_RUNS_AT_LEAST
     runs = SHRINK_RUNS_AT_LEAST * (2 if result.get("engine_bugs") else 1)
-    return max(budget_s, runs * run_s)
+    return max(budget_s, runs * run_s), runs
 
 
 def _shrink_cell(run_dir: Path, pool: object, budget_s: float, say: Callable[[str], None]) -> dict:
@@ -510,9 +512,9 @@ def _shrink_cell(run_dir: Path, pool: object, budget_s: float, say: Callable[[st
     from chaos.shrink.cli import run_shrink
 
     t0 = time.monotonic()
-    budget_s = shrink_budget_for(run_dir, budget_s)
+    budget_s, runs = shrink_budget_for(run_dir, budget_s)
     try:
-        res, path = run_shrink(run_dir, budget_s=budget_s, pool=pool, say=say)
+        res, path = run_shrink(run_dir, budget_s=budget_s, runs_at_least=runs, pool=pool, say=say)
     except Exception as exc:  # noqa: BLE001 - one cell's shrink must not stop the zoo
         return {"error": f"{type(exc).__name__}: {exc}", "shrink_seconds": round(time.monotonic() - t0, 1)}
     say(f"shrunk {run_dir.name}: {res.final} in {res.seconds:.0f}s")
@@ -545,7 +547,8 @@ def zoo(
     shrink: bool = typer.Option(False, "--shrink", help="shrink every caught cell (kvchaos shrink) and "
                                 "record its reproducer's size (slow: minutes per cell)"),
     shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink (at least "
-                                        "10 times the caught run's own duration, 20 with planted bugs: control runs)"),
+                                        "10 times the caught run's and the shrink's first run's duration, 20 with planted bugs: "
+                                        "control runs)"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 

@@ -45,14 +45,14 @@ def scenario_yaml(s: Scenario, out: Path, header: str = "") -> str:
 
 
 def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, search_reruns: int = 1,
-               budget_s: float = 300.0, backend: str = "local", out: Path | None = None,
-               pool=None, say=lambda _m: None) -> tuple[ShrinkResult, Path]:
+               budget_s: float = 300.0, runs_at_least: int = 0, backend: str = "local",
+               out: Path | None = None, pool=None, say=lambda _m: None) -> tuple[ShrinkResult, Path]:
     """Shrink the scenario of a failing run and write the YAML.
 
     Args:
         run_dir: the failing run (result.json names its scenario, engine bugs and checks).
         check: the check to keep failing (default: the run's first failed check).
-        reruns, search_reruns, budget_s: see :func:`chaos.shrink.shrink.shrink`.
+        reruns, search_reruns, budget_s, runs_at_least: see :func:`chaos.shrink.shrink.shrink`.
         out: where the YAML goes (default ``run_dir/shrunk.yaml``).
         pool: a StackPool to run the candidates on (the zoo's); default a new one, closed after.
 
@@ -133,7 +133,7 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     try:
         res = shrink_scenario(scenario, target, fails, reruns=reruns, search_reruns=search_reruns,
                               budget_s=budget_s, control=control if scenario.engine.bugs else None,
-                              windows=windows, say=say)
+                              windows=windows, runs_at_least=runs_at_least, say=say)
     finally:
         if own_pool:
             pool.close()
@@ -164,6 +164,8 @@ def shrink(
     reruns: int = typer.Option(3, "--reruns", min=1, help="the result must fail in this many of this many runs"),
     search_reruns: int = typer.Option(1, "--search-reruns", min=1, help="runs per candidate during the search"),
     budget: float = typer.Option(300.0, "--budget", help="seconds of search (then the best so far is verified)"),
+    runs_at_least: int = typer.Option(0, "--runs-at-least", min=0, help="search at least this many times the "
+                                      "first run's own seconds (for slow runs: a restart, a reconnect wait)"),
     out: Path | None = typer.Option(None, "--out", help="where the YAML goes (default RUN_DIR/shrunk.yaml)"),
     backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
 ) -> None:
@@ -176,7 +178,8 @@ def shrink(
     t0 = time.monotonic()
     try:
         res, path = run_shrink(run_dir, check=check, reruns=reruns, search_reruns=search_reruns, budget_s=budget,
-                               backend=backend, out=out, say=lambda m: typer.echo(m, err=True))
+                               runs_at_least=runs_at_least, backend=backend, out=out,
+                               say=lambda m: typer.echo(m, err=True))
     except (StackError, ConfigError) as exc:
         print(f"error: stack: {exc}", file=sys.stderr)
         raise typer.Exit(3) from None

@@ -295,7 +295,7 @@ class ShrinkResult:
 def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[bool, float, str]], *,
            reruns: int = 3, search_reruns: int = 1, budget_s: float = 300.0,
            control: Callable[[Scenario], tuple[bool, float, str]] | None = None,
-           windows: dict[str, float] | None = None,
+           windows: dict[str, float] | None = None, runs_at_least: int = 0,
            say: Callable[[str], None] = lambda _m: None) -> ShrinkResult:
     """Shrink ``scenario`` while ``fails`` says the check still fails.
 
@@ -306,6 +306,9 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
         reruns: final verification runs (all must fail).
         search_reruns: runs per candidate during the search (all must fail).
         budget_s: wall-time budget of the search (the final verification runs after it).
+        runs_at_least: the search gets at least this many times the first run's seconds (the
+            start, as it runs here: a cell whose candidates take a minute needs more than a
+            fixed budget); 0: ``budget_s`` alone.
         control: runs a candidate without what is under test (a planted bug: the clean engine)
             and returns the same triple. The search can slip to a scenario that fails the check
             for a reason of its own (no request left to store what a later phase must hit: that
@@ -350,6 +353,8 @@ def shrink(scenario: Scenario, check: str, fails: Callable[[Scenario], tuple[boo
     if not any(attempt(f"start (only the target check), try {i + 1}", current, search_reruns, controlled=False)
                for i in range(reruns)):
         raise ValueError(f"the scenario does not fail {check} in {reruns} runs again; nothing to shrink")
+    if runs_at_least and steps[-1].runs:
+        budget_s = max(budget_s, runs_at_least * steps[-1].runs[-1])
     accepted = [current]
     tried: set[str] = set()  # a candidate met again (same model) is not run again
     # A change that did not fail (e.g. "drop fault kill-lmcache") is not tried again in later

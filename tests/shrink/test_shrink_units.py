@@ -96,6 +96,20 @@ def test_budget_stops_the_search_but_still_verifies() -> None:
     assert res.budget_spent and res.verified == 3 and res.final == res.original
 
 
+def test_a_slow_first_run_extends_the_budget_to_so_many_runs() -> None:
+    """The input that showed it: the zoo's shrink of lookup-timeout with no-reconnect got 10 x
+    its caught run (10 s) while each of its candidates took 25-60 s on the shrink's stack
+    (engine restarts between bugs on and off): its budget ended after 5 candidates, at 40
+    requests and 3 phases. ``runs_at_least`` counts in the shrink's own first run."""
+    def slow(s: Scenario):
+        return True, 10.0, "predicate"  # says each run took 10 s (it takes none)
+
+    res = shrink(_scenario("smoke"), "recompute_equivalence", slow, budget_s=0.0, runs_at_least=30)
+    assert not res.budget_spent and res.final["requests"] < res.original["requests"]
+    res = shrink(_scenario("smoke"), "recompute_equivalence", slow, budget_s=0.0)
+    assert res.budget_spent and res.final == res.original
+
+
 def test_normalise_makes_requests_explicit() -> None:
     s = normalise(_scenario("smoke"), "recompute_equivalence")
     assert [p.requests for p in s.phases] == [12, 12] and s.name == "smoke-shrunk"
