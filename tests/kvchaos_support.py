@@ -73,19 +73,33 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def communicate_or_dump(proc: subprocess.Popen, timeout: float) -> str:
+def communicate_or_dump(proc: subprocess.Popen, timeout: float, state_dir: str | Path | None = None) -> str:
     """``proc.communicate(timeout)``'s stdout; when it does not end in time, fail the test with
     every thread's stack of the child (``kvchaos`` prints them on SIGUSR1: chaos/cli.py
-    dump_stacks_on_sigusr1) and its last output, then kill it: a hung run says where it hung."""
+    dump_stacks_on_sigusr1) and its last output, then kill it: a hung run says where it hung.
+
+    With ``state_dir`` (the child's ``KVCHAOS_STATE_DIR``), ``kvchaos cleanup`` then undoes what
+    the killed child left (its processes, faults, tmpfs mounts, containers: its journal knows
+    them), so a hung run does not leave a mounted disk or a stack behind on a CI host; what the
+    cleanup said goes into the failure message."""
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGUSR1)
         time.sleep(3)
         proc.kill()
-        out = proc.communicate(timeout=60)[0] or ""
+        proc.wait(60)
+        cleaned = ""
+        if state_dir is not None:  # first: a process it left may hold its output pipe open
+            r = subprocess.run([sys.executable, "-m", "chaos.cli", "cleanup"], capture_output=True, text=True,
+                               timeout=300, env=dict(os.environ, KVCHAOS_STATE_DIR=str(state_dir)))
+            cleaned = f"\nkvchaos cleanup (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}"
+        try:
+            out = proc.communicate(timeout=60)[0] or ""
+        except subprocess.TimeoutExpired:
+            out = "(its output pipe stayed open: a process it started still holds it)"
         pytest.fail(f"pid {proc.pid} did not end within {timeout:.0f}s; its stacks and last output:\n"
-                    + out[-12000:], pytrace=False)
+                    + out[-12000:] + cleaned, pytrace=False)
 
 
 def lmcache_bench(stack, tokens: int = 512) -> str:

@@ -2,12 +2,19 @@
 real Toxiproxy, or a quiet machine against a loaded one).
 
     python -m chaos.report.compare REPORTS_A REPORTS_B [--require-bitten]
+    python -m chaos.report.compare --expected REPORTS [REPORTS ...] [--require-bitten]
 
 Each folder holds run folders (``<run-id>/result.json``, as ``kvchaos run --report-dir`` and
 ``pytest -m chaos --kvchaos-report-dir`` write them). A scenario that ran more than once in a
 folder counts with its last run. Prints one line per scenario whose verdict (or exit code)
 differs, or that ran in only one folder, and, with ``--require-bitten``, every fault that did
 not bite; exit status 0 when there is none, 1 otherwise, 2 when a folder holds no run.
+
+With ``--expected`` each folder is held against what the catalogue says instead of against
+another run: a scenario without ``xfail`` must pass, a scenario with ``xfail`` (a known bug of
+the pinned LMCache) must fail its checks (XFAIL). Every other verdict is a false one: a failed
+or inconclusive clean scenario, an XPASS or an inconclusive finding, an infrastructure error,
+an interrupted run. Used by ``make test-loaded`` (0 false verdicts under load).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ScenarioOutcome", "load_outcomes", "compare", "main"]
+__all__ = ["ScenarioOutcome", "load_outcomes", "compare", "false_verdicts", "main"]
 
 
 @dataclass
@@ -32,6 +39,7 @@ class ScenarioOutcome:
     not_bitten: list[str] = field(default_factory=list)  # "fault_id (kind): reason"
     error: str | None = None
     total_s: float | None = None
+    xfail: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -54,7 +62,7 @@ def load_outcomes(report_dir: Path) -> dict[str, ScenarioOutcome]:
                for f in r.get("faults") or [] if not f.get("bit")]
         o = ScenarioOutcome(r["scenario"], r["verdict"], int(r.get("exit_code", -1)), r.get("run_id", path.parent.name),
                             r.get("started_at") or "", bad, r.get("error"),
-                            (r.get("durations") or {}).get("total_s"))
+                            (r.get("durations") or {}).get("total_s"), r.get("xfail") is not None)
         prev = out.get(o.scenario)
         if prev is None or o.started_at >= prev.started_at:
             out[o.scenario] = o
@@ -80,19 +88,48 @@ def compare(a: dict[str, ScenarioOutcome], b: dict[str, ScenarioOutcome],
     return lines
 
 
+def false_verdicts(outcomes: dict[str, ScenarioOutcome], require_bitten: bool = False) -> list[str]:
+    """Lines naming each run of ``outcomes`` whose verdict is not the catalogue's expectation
+    (``passed`` for a scenario without ``xfail``; ``failed``, i.e. XFAIL, for one with it), and,
+    with ``require_bitten``, each fault of a run that did not bite. Empty: every verdict right."""
+    lines = []
+    for name in sorted(outcomes):
+        o = outcomes[name]
+        want = "failed" if o.xfail else "passed"
+        if o.verdict != want:
+            label = {"passed": "XPASS", "failed": "XFAIL"}.get(o.verdict, o.verdict) if o.xfail else o.verdict
+            why = "; ".join(filter(None, [o.error and o.error.splitlines()[0], *o.not_bitten[:2]]))
+            lines.append(f"{name}: {label} (exit {o.exit_code}, run {o.run_id}), expected "
+                         f"{'XFAIL' if o.xfail else 'passed'}" + (f": {why}" if why else ""))
+        elif require_bitten:
+            lines += [f"{name}: fault {f} (run {o.run_id})" for f in o.not_bitten]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; see the module doc."""
     args = list(sys.argv[1:] if argv is None else argv)
     require = "--require-bitten" in args
-    args = [a for a in args if a != "--require-bitten"]
-    if len(args) != 2:
+    expected = "--expected" in args
+    args = [a for a in args if a not in ("--require-bitten", "--expected")]
+    if len(args) != 2 and not (expected and args):
         print(__doc__, file=sys.stderr)
         return 2
-    a, b = load_outcomes(Path(args[0])), load_outcomes(Path(args[1]))
-    for folder, got in zip(args, (a, b)):
-        if not got:
+    got = [load_outcomes(Path(folder)) for folder in args]
+    for folder, outcomes in zip(args, got):
+        if not outcomes:
             print(f"error: no run (*/result.json) in {folder}", file=sys.stderr)
             return 2
+    if expected:
+        total = 0
+        for folder, outcomes in zip(args, got):
+            lines = false_verdicts(outcomes, require)
+            for line in lines:
+                print(f"{folder}: {line}")
+            print(f"{folder}: {len(outcomes)} scenarios, {len(lines)} false verdict(s)")
+            total += len(lines)
+        return 1 if total else 0
+    a, b = got
     lines = compare(a, b, require)
     for line in lines:
         print(line)

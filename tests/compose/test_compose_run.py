@@ -99,7 +99,7 @@ def test_sigint_mid_run_leaves_nothing(image, docker, tmp_path):
                 h.stat().st_size for h in (tmp_path / "reports").glob("node-exit-lmcache*/history.jsonl")):
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        out = communicate_or_dump(proc, 300)
+        out = communicate_or_dump(proc, 300, env["KVCHAOS_STATE_DIR"])
     finally:
         if proc.poll() is None:
             proc.kill()

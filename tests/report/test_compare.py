@@ -31,3 +31,31 @@ def test_same_verdicts_then_a_difference_and_an_unbitten_fault(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "lookup: passed (exit 0) vs unknown (exit 4): f (latency): no bytes" in out
     assert main([str(a), str(tmp_path / "empty")]) == 2
+
+
+def test_expected_verdicts_count_xpass_and_inconclusive_findings_as_false(tmp_path, capsys):
+    """`--expected`: a clean scenario must pass, a finding (xfail) must XFAIL; an XPASS of a
+    known bug of the pinned LMCache, an inconclusive finding, an unbitten fault are false."""
+    def run(folder, run_id, scenario, verdict, code, xfail=False, faults=None):
+        _run(folder, run_id, scenario, verdict, code, "1", faults)
+        if xfail:
+            p = folder / run_id / "result.json"
+            p.write_text(json.dumps(dict(json.loads(p.read_text()), xfail={"reason": "bug"})))
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    run(good, "r1", "smoke", "passed", 0)
+    run(good, "r2", "finding", "failed", 0, xfail=True)
+    assert main(["--expected", str(good), "--require-bitten"]) == 0
+    run(bad, "r3", "smoke", "passed", 0, faults=[{"fault_id": "f", "kind": "latency", "bit": False}])
+    run(bad, "r4", "finding", "passed", 0, xfail=True)
+    run(bad, "r5", "other-finding", "unknown", 4, xfail=True)
+    run(bad, "r6", "clean", "failed", 1)
+    assert main(["--expected", str(good), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "finding: XPASS (exit 0, run r4), expected XFAIL" in out
+    assert "other-finding: unknown (exit 4, run r5), expected XFAIL" in out
+    assert "clean: failed (exit 1, run r6), expected passed" in out
+    assert f"{good}: 2 scenarios, 0 false verdict(s)" in out and f"{bad}: 4 scenarios, 3 false verdict(s)" in out
+    assert main(["--expected", str(bad), "--require-bitten"]) == 1
+    assert "smoke: fault f (latency): did not bite (run r3)" in capsys.readouterr().out
+    assert main(["--expected"]) == 2

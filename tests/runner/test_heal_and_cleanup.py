@@ -123,7 +123,7 @@ def test_signal_mid_fault_heals_and_keeps_the_report(env, tmp_path, sig, times):
         for _ in range(times - 1):
             wait_for_report(tmp_path)  # healed and reported: the Ctrl-C meets the stack's stop
             runner.send_signal(sig)
-        out = communicate_or_dump(runner, 300)
+        out = communicate_or_dump(runner, 300, env["KVCHAOS_STATE_DIR"])
     finally:
         if runner.poll() is None:
             runner.kill()

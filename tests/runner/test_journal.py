@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
 
 from chaos.journal import Journal, open_entries
 from kvchaos_support import local_stack
@@ -48,3 +54,34 @@ def test_status_polls_of_a_killed_service_write_one_remove(tmp_path):
             stack.status()
         removes = [e for e in lines(stack.journal) if e["op"] == "remove" and e["key"] == f"idle:{pid}"]
         assert len(removes) == 1
+
+
+def test_a_hung_child_killed_by_the_test_support_leaves_nothing(tmp_path):
+    """tests/kvchaos_support.communicate_or_dump: a `kvchaos` child that never ends is killed and
+    the test fails; before, what it had started stayed (in CI a hung SIGINT test left a tmpfs L2
+    disk mounted and its folder unremovable). Now its journal is cleaned up after the kill."""
+    from _pytest.outcomes import Failed
+
+    from kvchaos_support import communicate_or_dump
+
+    state = tmp_path / "state"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time, psutil\n"
+        "from chaos.journal import Journal\n"
+        "j = Journal('hung-run')\n"
+        "p = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "j.add('process', f'sleeper:{p.pid}', pid=p.pid, pgid=p.pid,\n"
+        "      create_time=psutil.Process(p.pid).create_time(), service='sleeper')\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n")], env=dict(os.environ, KVCHAOS_STATE_DIR=str(state)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sleeper = int(child.stdout.readline())
+    try:
+        with pytest.raises(Failed) as ei:
+            communicate_or_dump(child, 1, state)
+        assert "did not end within 1s" in str(ei.value) and "kvchaos cleanup (exit 0)" in str(ei.value)
+        assert child.poll() is not None
+        assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE
+    finally:
+        if psutil.pid_exists(sleeper):
+            os.kill(sleeper, 9)
