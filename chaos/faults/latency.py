@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictInt, model_validator
 
 from chaos.faults.network import ToxicFault, ToxicParams
 from chaos.faults.registry import register
@@ -14,6 +14,13 @@ class LatencyParams(ToxicParams):
     kind: Literal["latency"]
     latency_ms: StrictInt = Field(ge=0, description="added delay per chunk of data, milliseconds")
     jitter_ms: StrictInt = Field(default=0, ge=0, description="random ± variation of the delay, milliseconds")
+
+    @model_validator(mode="after")
+    def _delays_something(self) -> LatencyParams:
+        if self.latency_ms == 0 and self.jitter_ms == 0:
+            raise ValueError("latency_ms 0 with no jitter_ms delays nothing: the fault could only ever "
+                             "\"bite\" without any effect (give latency_ms > 0)")
+        return self
 
 
 @register("latency")

@@ -18,7 +18,20 @@ Evidence that a toxic bit, from the proxy side (the first source that can tell d
    ``toxiproxy_proxy_received_bytes_total{proxy, direction}`` growth (it is added when a
    connection ends) minus what those connections had already read at the first sample. With
    ``toxicity`` below 1 bytes prove nothing (the real server does not say which connections its
-   roll picked): the fault then reports that it cannot tell.
+   roll picked): the fault then reports that it cannot tell. "Arrived" means read by the
+   proxy (``bytes_read``: what the kernel received less what still waits in the socket), so
+   only bytes that entered the proxy's toxic chain count. What the bytes prove depends on the
+   kind (:meth:`ToxicFault.decide`): ``latency``/``slicer``/``bandwidth`` acted on them;
+   ``timeout`` dropped them, or closed a connection after ``timeout_ms`` without data;
+   ``reset_peer`` resets the connection they came on (``timeout_ms`` after them; the heal waits
+   for it, on both servers); ``limit_data`` bit only when a connection that read at least
+   ``bytes`` in the window was cut.
+
+Toxics of one stream form a chain in the order they were added (Toxiproxy's ``ToxicCollection``:
+a new toxic is appended). A ``timeout`` or ``reset_peer`` earlier in the chain keeps every byte
+from the toxics after it (dropped, or held until the reset), so the bytes a later toxic saw are
+only those read while no such toxic was in place: its window starts again when the last of them
+is removed (:func:`blocker_removed`), and a window they covered whole saw nothing.
 
 The system under test's own counters on the link's path (``x-kvchaos.links.<link>.effects``:
 engine lookup timeouts and load failures, LMCache's failed L2 reads) are measured over the same
@@ -30,6 +43,7 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
+from dataclasses import asdict
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -37,7 +51,16 @@ from pydantic import Field
 from chaos.faults.base import Fault, FaultContext, FaultParams
 
 __all__ = ["LinkParams", "ToxicParams", "ToxicFault", "LinkWindow", "require_proxy", "acted_on", "received_bytes",
-           "link_effects", "jsonable"]
+           "link_effects", "jsonable", "BLOCKING_TOXICS", "blocker_removed"]
+
+#: Toxic types that keep data from the toxics after them in the chain (Toxiproxy 2.9.0:
+#: ``timeout.go`` drops it; ``reset_peer.go`` drops the first chunk and reads no more until
+#: its reset).
+BLOCKING_TOXICS = frozenset({"timeout", "reset_peer"})
+
+#: Open windows that wait for a blocking toxic earlier in their chain to be removed:
+#: ``(proxy API url, link, stream)`` -> windows.
+_BLOCKED: dict[tuple[str, str, str], list["LinkWindow"]] = {}
 
 
 class LinkParams(FaultParams):
@@ -157,7 +180,17 @@ class LinkWindow:
         self._t_prepare: float | None = None
         self._watch: Any = None
         self.destroyed: dict | None = None
+        self.destroyed_at: dict | None = None
         self.add_s: float | None = None
+        self.t_open: float | None = None
+        # Blocking toxics before this one in its chain at open (names), those not removed yet,
+        # and the samples taken when the last was removed (the window's new start).
+        self.stream_name: str | None = None
+        self.toxic_name: str | None = None
+        self.blocked_by: list[str] = []
+        self._blocking: set[str] = set()
+        self._key: tuple[str, str, str] | None = None
+        self.resumed: tuple[Any, dict[str, int | None], float] | None = None
 
     def _addresses(self, ctx: FaultContext) -> None:
         if self.listen is None:
@@ -204,12 +237,41 @@ class LinkWindow:
 
     def open(self, ctx: FaultContext) -> None:
         """Samples just after the fault is in place: the start of the window for open sockets."""
+        self.t_open = time.monotonic()  # the toxic is in place from (at the latest) here
         if self._t_prepare is not None:
-            self.add_s = round(time.monotonic() - self._t_prepare, 4)
+            self.add_s = round(self.t_open - self._t_prepare, 4)
         self.before = self.sample(ctx)
         if not self.counter_before:
             self.counter_before = self._counters(ctx)
         self.effects_before = link_effects(ctx, self.link)
+
+    def watch_chain(self, ctx: FaultContext, stream: str, toxic: str) -> None:
+        """Note the blocking toxics (:data:`BLOCKING_TOXICS`) before ``toxic`` in the chain of
+        ``stream`` (the proxy lists a stream's toxics in chain order); until the last of them
+        is removed, no byte reaches this toxic."""
+        self.stream_name, self.toxic_name = stream, toxic
+        try:
+            toxics = [t for t in (jsonable(require_proxy(ctx).get_proxy(self.link)).get("toxics") or [])
+                      if t.get("stream", "downstream") == stream]
+        except Exception:  # the proxy did not answer: counted as no blocker (the sockets say)
+            return
+        names = [t.get("name") for t in toxics]
+        if toxic not in names:
+            return
+        self.blocked_by = [t["name"] for t in toxics[:names.index(toxic)] if t.get("type") in BLOCKING_TOXICS]
+        if self.blocked_by:
+            self._blocking = set(self.blocked_by)
+            self._key = (require_proxy(ctx).url, self.link, stream)
+            _BLOCKED.setdefault(self._key, []).append(self)
+
+    def unblock(self, ctx: FaultContext, toxic: str) -> None:
+        """The blocking toxic ``toxic`` was removed: when it was the last one before this
+        toxic, sample now (the bytes this toxic can see start here)."""
+        if self.closed or toxic not in self._blocking:
+            return
+        self._blocking.discard(toxic)
+        if not self._blocking and self.before is not None:
+            self.resumed = (self.sample(ctx), self._counters(ctx), time.monotonic())
 
     def close(self, ctx: FaultContext) -> None:
         """Last samples, in reverse order: counters, then sockets."""
@@ -220,8 +282,13 @@ class LinkWindow:
         self.after = self.sample(ctx) if self.before is not None else None
         if self._watch is not None:
             self.destroyed = self._watch.stop()
+            self.destroyed_at = self._watch.destroyed_at
             self._watch = None
         self.closed = True
+        if self._key is not None and self in _BLOCKED.get(self._key, []):
+            _BLOCKED[self._key].remove(self)
+            if not _BLOCKED[self._key]:
+                del _BLOCKED[self._key]
 
     def effects(self) -> dict[str, float]:
         """Growth of each effect counter over the window (only counters read at both ends)."""
@@ -233,9 +300,15 @@ class LinkWindow:
         return out
 
     def stream(self, stream: str, ctx: FaultContext | None = None) -> dict[str, Any]:
-        """Bytes that arrived on ``stream`` while the fault was in place (see the module doc);
-        before :meth:`close`, up to now. ``{"bytes": None, "reason": ...}`` when unknown."""
-        from chaos.proxy.sockets import destroyed_bytes, ended_read, stream_bytes
+        """Bytes the proxy read on ``stream`` while the fault was in place and no blocking toxic
+        before it was (see the module doc); before :meth:`close`, up to now.
+
+        Returns:
+            ``{"bytes", "bytes_in", "bytes_read", "connections_*", ...}`` (bytes: ints), with
+            ``"held_by"`` when blocking toxics before it covered the window; ``{"bytes": None,
+            "reason": ...}`` when unknown.
+        """
+        from chaos.proxy.sockets import connection_windows, destroyed_bytes, ended_read, stream_bytes
 
         after, counter_after = self.after, self.counter_after
         if not self.closed and ctx is not None and self.before is not None:
@@ -243,25 +316,53 @@ class LinkWindow:
             after = self.sample(ctx)
         if self.before is None or after is None:
             return {"bytes": None, "reason": f"the link's sockets could not be read: {self.socket_error}"}
-        out: dict[str, Any] = stream_bytes(self.before, after, stream)
+        if self.blocked_by and self.resumed is None:
+            out: dict[str, Any] = {"bytes": 0, "bytes_in": 0, "bytes_read": 0, "held_by": self.blocked_by,
+                                   "connections": []}
+            out["reason"] = (f"{', '.join(self.blocked_by)} (before it in the {stream} chain) kept every byte "
+                             "from it for its whole window")
+            return out
+        prior, before, counter_before = self.prior, self.before, self.counter_before
+        if self.resumed is not None:  # the window starts when the last blocker was removed
+            prior, (before, counter_before, _t) = self.before, self.resumed
+            if before is None:
+                return {"bytes": None, "reason": f"the link's sockets could not be read: {self.socket_error}"}
+        out = stream_bytes(before, after, stream)
         closed_bytes = 0
-        c0, c1 = self.counter_before.get(stream), counter_after.get(stream)
+        c0, c1 = counter_before.get(stream), counter_after.get(stream)
         if c0 is not None and c1 is not None:
             # Added when a connection ends: the ended connections' bytes (those opened in the
             # window too, which no socket sample saw) less what they had read before the window.
-            read_before = ended_read(self.prior, self.before, after, stream)
+            read_before = ended_read(prior, before, after, stream)
             closed_bytes = max(0, (c1 - c0) - read_before)
             out["ended_connections_bytes"] = closed_bytes
         cut_bytes = 0
         if self.destroyed:
             # Read by connections the kernel destroyed in the window, after their last sample.
-            cut_bytes = destroyed_bytes(self.prior, self.before, after, stream, self.destroyed)
+            cut_bytes = destroyed_bytes(prior, before, after, stream, self.destroyed)
             out["destroyed_connections_bytes"] = cut_bytes
-        # The two measure the same ended connections: take the larger, never their sum.
-        out["bytes"] = out["bytes_in"] + max(closed_bytes, cut_bytes)
+        # The two measure the same ended connections: take the larger, never their sum. Only
+        # bytes the proxy read count (a byte still in the socket never reached a toxic).
+        out["bytes"] = out["bytes_read"] + max(closed_bytes, cut_bytes)
+        out["connections"] = [asdict(c) for c in connection_windows(prior, before, after, stream, self.destroyed,
+                                                                     self.destroyed_at, self.listen)]
+        if self.resumed is not None:
+            out["held_by"] = self.blocked_by
+            out["resumed_after_s"] = round(self.resumed[2] - (self.t_open or self.resumed[2]), 3)
         if self.add_s is not None:
             out["add_s"] = self.add_s
         return out
+
+
+def blocker_removed(ctx: FaultContext, link: str, stream: str, toxic: str) -> None:
+    """Tell the open windows on ``link``/``stream`` that the blocking toxic ``toxic`` is gone
+    (called by its heal once the proxy removed it)."""
+    try:
+        url = require_proxy(ctx).url
+    except RuntimeError:
+        return
+    for window in list(_BLOCKED.get((url, link, stream), [])):
+        window.unblock(ctx, toxic)
 
 
 class ToxicFault(Fault):
@@ -320,6 +421,7 @@ class ToxicFault(Fault):
             self._window.close(ctx)  # ends the destroy watch
             raise
         self._window.open(ctx)  # after the toxic is in place: only bytes it saw count
+        self._window.watch_chain(ctx, self.params.stream, self.id)
         return {
             "link": self.params.link,
             "toxic": self.id,
@@ -338,12 +440,28 @@ class ToxicFault(Fault):
             self._last_count = count
         self._window.close(ctx)  # before removal: only bytes the toxic saw count
         try:
-            client.remove_toxic(self.params.link, self.id)
+            wait = self.removal_timeout_s()
+            client.remove_toxic(self.params.link, self.id, **({"timeout_s": wait} if wait is not None else {}))
         except Exception as exc:
             if not _is_not_found(exc):
                 raise
             return {"link": self.params.link, "toxic": self.id, "removed": False, "absent": True}
+        if self.toxic_type in BLOCKING_TOXICS:
+            blocker_removed(ctx, self.params.link, self.params.stream, self.id)
         return {"link": self.params.link, "toxic": self.id, "removed": True}
+
+    def removal_timeout_s(self) -> float | None:
+        """How long the proxy may take to answer the toxic's removal (None: the client's)."""
+        return None
+
+    def decide(self, stream: dict[str, Any]) -> tuple[bool, str | None]:
+        """Whether the toxic bit, from what moved on its stream while it was in place (the
+        real Toxiproxy, no per-toxic counter; :meth:`LinkWindow.stream`), and if not, why.
+        This default: bytes reached it (latency, slicer, bandwidth act on every byte)."""
+        if stream["bytes"] > 0:
+            return True, None
+        return False, stream.get("reason") or (
+            f"no bytes arrived on the {self.params.stream} stream of {self.params.link} while the toxic was in place")
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         counts = [c for c in (self._count(ctx), self._last_count) if c is not None]
@@ -363,9 +481,11 @@ class ToxicFault(Fault):
         elif self.params.toxicity < 1.0:
             out["reason"] = (f"toxicity {self.params.toxicity} < 1 and the proxy reports no toxic counters: "
                              "bytes on the stream do not show which connections the toxic acted on")
-        elif stream["bytes"] > 0:
-            out.update(bit=True, source="stream bytes")
         else:
-            out["reason"] = (f"no bytes arrived on the {self.params.stream} stream of {self.params.link} "
-                             "while the toxic was in place")
+            bit, why = self.decide(stream)
+            out["source"] = "stream bytes"
+            if bit:
+                out["bit"] = True
+            else:
+                out["reason"] = why
         return out

@@ -187,9 +187,12 @@ class Api:
         return _json(proxy.toxics.update(request.match_info["toxic"], spec).info())
 
     async def toxic_delete(self, request: web.Request) -> web.Response:
-        """DELETE /proxies/{proxy}/toxics/{toxic}: 204; 404."""
+        """DELETE /proxies/{proxy}/toxics/{toxic}: 204 once the toxic's resets already under way
+        are done (``reset_peer``, as Toxiproxy 2.9.0); 404."""
         proxy = self.collection.get(request.match_info["proxy"])
-        proxy.toxics.remove(request.match_info["toxic"])
+        pending = proxy.toxics.remove(request.match_info["toxic"])
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         return web.Response(status=204)
 
     async def version(self, request: web.Request) -> web.Response:

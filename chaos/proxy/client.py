@@ -74,9 +74,12 @@ class ToxiproxyClient:
         self.close()
 
     def _call(self, method: str, path: str, json: Any = None,
-              ok: tuple[int, ...] = (200, 201, 204)) -> httpx.Response:
+              ok: tuple[int, ...] = (200, 201, 204), timeout_s: float | None = None) -> httpx.Response:
         try:
-            response = self._http.request(method, path, json=json)
+            if timeout_s is None:
+                response = self._http.request(method, path, json=json)
+            else:
+                response = self._http.request(method, path, json=json, timeout=timeout_s)
         except httpx.HTTPError as exc:
             raise ToxiproxyError(0, f"{method} {self.url}{path}: {exc!r}") from exc
         if response.status_code not in ok:
@@ -199,9 +202,16 @@ class ToxiproxyClient:
         return Toxic.model_validate(self._update(f"/proxies/{proxy}/toxics/{name}",
                                                  body).json())
 
-    def remove_toxic(self, proxy: str, name: str) -> None:
-        """Remove a toxic (``DELETE /proxies/{proxy}/toxics/{name}``). Raises 404."""
-        self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
+    def remove_toxic(self, proxy: str, name: str, timeout_s: float | None = None) -> None:
+        """Remove a toxic (``DELETE /proxies/{proxy}/toxics/{name}``). Raises 404.
+
+        Args:
+            timeout_s: how long to wait for the answer (default: the client's timeout). Both
+                servers answer the removal of a ``reset_peer`` only once the resets whose delay
+                already started are done (Toxiproxy 2.9.0 ``reset_peer.go`` waits them out), so
+                give it at least the toxic's ``timeout`` (ms) / 1000 plus a margin.
+        """
+        self._call("DELETE", f"/proxies/{proxy}/toxics/{name}", timeout_s=timeout_s)
 
     # --- evidence -----------------------------------------------------------------------
     def metrics_text(self) -> str | None:

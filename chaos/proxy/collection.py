@@ -6,6 +6,8 @@ the same toxicity rolls per proxy whatever the other proxies do.
 
 from __future__ import annotations
 
+import asyncio
+
 import random
 
 from chaos.proxy import errors
@@ -115,9 +117,12 @@ class ProxyCollection:
         Raises:
             ApiError: 500 a proxy's listen address cannot be bound again.
         """
+        pending = []
         for proxy in list(self.proxies.values()):
             await proxy.start()
-            proxy.toxics.reset()
+            pending += proxy.toxics.reset()
+        if pending:  # resets already under way complete first (Toxiproxy's RemoveToxic waits)
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def close(self) -> None:
         """Stop every proxy (server shutdown)."""

@@ -127,7 +127,7 @@ class _Splicer:
                 link._finish_eof()
             return
         self.in_pipe += n
-        link.stats.received[link.direction] += n
+        link.count_received(n)
         self._drain()
 
     def _writable(self) -> None:
@@ -148,7 +148,7 @@ class _Splicer:
                 link.connection.close()
                 return
             self.in_pipe -= n
-            link.stats.sent[link.direction] += n
+            link.count_sent(n)
         self._want_write(False)
         if link.eof:
             link._finish_eof()
@@ -216,6 +216,20 @@ class ToxicLink:
         self.reading_paused = False
         self._pump_task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self.received_bytes = 0  # this link's share, added to the at-close counters at close()
+        self.sent_bytes = 0
+
+    # --- counters -----------------------------------------------------------------------
+    def count_received(self, n: int) -> None:
+        """``n`` bytes read from the source: the proxy's live counter now, this link's total
+        (added to Toxiproxy's at-close ``toxiproxy_proxy_received_bytes_total`` at close)."""
+        self.stats.received[self.direction] += n
+        self.received_bytes += n
+
+    def count_sent(self, n: int) -> None:
+        """``n`` bytes written to the destination (live counter now, at-close counter later)."""
+        self.stats.sent[self.direction] += n
+        self.sent_bytes += n
 
     # --- wiring -----------------------------------------------------------------------
     def attach(self, source: asyncio.Transport, dest: asyncio.Transport) -> None:
@@ -268,7 +282,7 @@ class ToxicLink:
             return
         if held and self.dest is not None and not self.dest.is_closing():
             self.dest.write(held)
-            self.stats.sent[self.direction] += len(held)
+            self.count_sent(len(held))
         if self.eof:
             self._finish_eof()
         elif self.source is not None:
@@ -311,12 +325,12 @@ class ToxicLink:
     def feed(self, data: bytes) -> None:
         """Take bytes read from the source (called from ``Protocol.data_received``)."""
         n = len(data)
-        self.stats.received[self.direction] += n
+        self.count_received(n)
         if self.closed:  # a read that raced the close: nowhere to send it
             return
         if self.fast:
             self.dest.write(data)  # type: ignore[union-attr]
-            self.stats.sent[self.direction] += n
+            self.count_sent(n)
             if self._splice_ok:
                 self._try_splice()
             return
@@ -428,7 +442,7 @@ class ToxicLink:
         if self.closed or not chunk.data:
             return
         self.dest.write(chunk.data)  # type: ignore[union-attr]
-        self.stats.sent[self.direction] += len(chunk.data)
+        self.count_sent(len(chunk.data))
         while self.dest_paused and not self.closed:
             await self._wait()
 
@@ -448,6 +462,7 @@ class ToxicLink:
             return
         self.closed = True
         self._stop_splice()
+        self.stats.link_closed(self.direction, self.received_bytes, self.sent_bytes)
         for stub in self.stubs:
             stub.interrupt()
         self.queue.clear()

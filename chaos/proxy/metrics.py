@@ -14,8 +14,11 @@ Metric names (all labels are strings):
     a toxic whose toxicity roll fired on that connection touched its data, its close, or its
     timer. A toxic that never met traffic (or lost every roll) stays at 0.
 ``toxiproxy_proxy_received_bytes_total`` / ``toxiproxy_proxy_sent_bytes_total``
-    ``{direction, listener, proxy, upstream}``: the names and labels real Toxiproxy exports
-    with ``-proxy-metrics`` (its METRICS.md), so byte evidence reads the same from both.
+    ``{direction, listener, proxy, upstream}``: the names, labels and timing real Toxiproxy
+    2.9.0 has with ``-proxy-metrics`` (its METRICS.md; ``link.go`` adds a connection's bytes
+    once its copy ends): a connection's bytes are added when that direction of it closes,
+    never while it is open, so byte evidence (chaos/faults/network.py) reads the same from
+    both servers. The live count is ``toxiproxy_proxy_bytes_total``.
 
 Counts are kept per proxy name and survive the proxy being deleted (a healed fault that
 deletes its proxy keeps its evidence); a server restart starts them from zero.
@@ -39,7 +42,7 @@ class ProxyStats:
     """Plain-int counters of one proxy, bumped on the data path (no locks: one event loop)."""
 
     __slots__ = ("name", "listen", "upstream", "connections_total", "open_connections",
-                 "received", "sent", "toxic_connections")
+                 "received", "sent", "received_closed", "sent_closed", "toxic_connections")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -49,8 +52,16 @@ class ProxyStats:
         self.open_connections = 0
         self.received = {d: 0 for d in DIRECTIONS}
         self.sent = {d: 0 for d in DIRECTIONS}
+        # Bytes of connections whose link of that direction has closed (Toxiproxy's timing).
+        self.received_closed = {d: 0 for d in DIRECTIONS}
+        self.sent_closed = {d: 0 for d in DIRECTIONS}
         # (toxic name, type, stream) -> connections acted on
         self.toxic_connections: dict[tuple[str, str, str], int] = {}
+
+    def link_closed(self, direction: str, received: int, sent: int) -> None:
+        """Add one closed link's bytes to the at-close counters (Toxiproxy's)."""
+        self.received_closed[direction] += received
+        self.sent_closed[direction] += sent
 
     def toxic_added(self, wrapper: ToxicWrapper) -> None:
         """Export a 0 for a new toxic, so "never acted" reads as 0, not as absent."""
@@ -91,8 +102,8 @@ class StatsCollector:
             open_.add_metric([s.name], s.open_connections)
             for d in DIRECTIONS:
                 nbytes.add_metric([s.name, d], s.received[d])
-                received.add_metric([d, s.listen, s.name, s.upstream], s.received[d])
-                sent.add_metric([d, s.listen, s.name, s.upstream], s.sent[d])
+                received.add_metric([d, s.listen, s.name, s.upstream], s.received_closed[d])
+                sent.add_metric([d, s.listen, s.name, s.upstream], s.sent_closed[d])
             for (name, type_, stream), count in sorted(s.toxic_connections.items()):
                 toxic.add_metric([s.name, name, type_, stream], count)
         yield from (conns, open_, nbytes, toxic, received, sent)

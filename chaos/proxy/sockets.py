@@ -32,8 +32,8 @@ import subprocess
 import weakref
 from dataclasses import dataclass, field
 
-__all__ = ["SocketInfo", "LinkSample", "SocketsUnavailable", "DestroyWatch", "sample_link", "stream_bytes",
-           "ended_read", "destroyed_bytes"]
+__all__ = ["SocketInfo", "LinkSample", "SocketsUnavailable", "DestroyWatch", "ConnectionWindow", "sample_link",
+           "stream_bytes", "ended_read", "destroyed_bytes", "connection_windows"]
 
 #: States in which the peer's FIN has arrived (ss's names).
 FIN_RECEIVED_STATES = frozenset({"CLOSE-WAIT", "LAST-ACK", "CLOSING", "TIME-WAIT"})
@@ -170,8 +170,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _collect(stream, lines: list[str]) -> None:
+def _collect(stream, lines: list[str], times: list[float]) -> None:
+    import time as _time
+
     for line in stream:
+        times.append(_time.monotonic())
         lines.append(line)
 
 
@@ -191,6 +194,10 @@ class DestroyWatch:
         import threading
 
         self.lines: list[str] = []
+        self.ready = False  # listening for destroy events (see _subscribed)
+        self.times: list[float] = []  # time.monotonic() each line arrived
+        #: ``(local, peer)`` -> when the kernel reported the socket destroyed (after :meth:`stop`)
+        self.destroyed_at: dict[tuple[str, str], float] = {}
         self.proc = None
         stdbuf = shutil.which("stdbuf")
         try:
@@ -206,8 +213,10 @@ class DestroyWatch:
         except OSError:
             self.proc = None
             return
+        self.ready = _subscribed(self.proc.pid, timeout_s=3.0)
         # The reader holds no reference to this object, so the finalizer below can run.
-        self._reader = threading.Thread(target=_collect, args=(self.proc.stdout, self.lines), daemon=True)
+        self._reader = threading.Thread(target=_collect, args=(self.proc.stdout, self.lines, self.times),
+                                        daemon=True)
         self._reader.start()
         # A watch nobody stops (a fault never healed) ends with this object, or with this
         # process (PR_SET_PDEATHSIG), never outlives it.
@@ -228,7 +237,37 @@ class DestroyWatch:
                 self.proc.kill()
                 self.proc.wait(2)
         self._reader.join(2)
-        return {(s.local, s.peer): s for s in parse_ss("".join(self.lines), require_inode=False)}
+        lines, times = list(self.lines), list(self.times)
+        for line, t in zip(lines, times):  # a record's first line is not indented
+            if line.strip() and not line[:1].isspace():
+                for sock in parse_ss(line, require_inode=False):
+                    self.destroyed_at.setdefault((sock.local, sock.peer), t)
+        return {(s.local, s.peer): s for s in parse_ss("".join(lines), require_inode=False)}
+
+
+def _subscribed(pid: int, timeout_s: float) -> bool:
+    """Wait until process ``pid`` (an ``ss -E``) has joined a sock_diag multicast group, i.e.
+    receives destroy events from now on: one of its sockets is listed in ``/proc/net/netlink``
+    with a non-zero ``Groups`` mask. A socket destroyed before that is never reported, so a
+    watch started just before a toxic is added must be listening before the add. False when
+    that was not seen within ``timeout_s`` seconds (or cannot be read)."""
+    import time as _time
+
+    deadline = _time.monotonic() + timeout_s
+    while True:
+        try:
+            inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                      if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+            with open("/proc/net/netlink") as f:
+                for line in f.readlines()[1:]:
+                    cols = line.split()
+                    if len(cols) >= 10 and cols[9] in inodes and int(cols[3], 16) != 0:
+                        return True
+        except (OSError, ValueError):
+            pass
+        if _time.monotonic() >= deadline:
+            return False
+        _time.sleep(0.005)
 
 
 def _ss(ports: list[int], timeout_s: float) -> str:
@@ -337,3 +376,76 @@ def destroyed_bytes(prior: LinkSample | None, before: LinkSample, after: LinkSam
         final_read = max(0, end.bytes_received - end.recv_q - 1)
         total += max(0, final_read - last.bytes_read)
     return total
+
+
+@dataclass(frozen=True)
+class ConnectionWindow:
+    """One connection of a link seen over a fault's window, on one stream's input socket.
+
+    Attributes:
+        local, peer: the socket's addresses.
+        opened: first seen after the window began (all its bytes are the window's).
+        ended: gone by the window's end, or its peer's FIN arrived (CLOSE-WAIT and later).
+        ended_at: ``time.monotonic()`` the kernel reported it destroyed (a
+            :class:`DestroyWatch` record), else None.
+        read: data bytes the proxy read from it inside the window; None when it ended and
+            no record tells how many it read after its last sample.
+    """
+
+    local: str
+    peer: str
+    opened: bool
+    ended: bool
+    ended_at: float | None
+    read: int | None
+
+
+def connection_windows(prior: LinkSample | None, before: LinkSample, after: LinkSample, stream: str,
+                       destroyed: dict[tuple[str, str], SocketInfo] | None = None,
+                       destroyed_at: dict[tuple[str, str], float] | None = None,
+                       listen: str | None = None) -> list[ConnectionWindow]:
+    """Each connection of the stream's input sockets over the window ``before`` .. ``after``,
+    with what the proxy read from it in between (``prior``: a sample taken just before
+    ``before``, for connections that ended between the two).
+
+    A connection opened and ended between two samples is known only from the kernel's destroy
+    records (``destroyed``); it is counted when its accepted socket (local address ``listen``:
+    only the proxy accepts there) is among them, with ``read`` the bytes the proxy read from
+    the client (``upstream``) or at least those the client acknowledged from the proxy
+    (``downstream``: what passed the toxic chain, a lower bound of what it read).
+
+    Returns:
+        One :class:`ConnectionWindow` per connection.
+    """
+    a0 = prior.stream_input(stream) if prior is not None else {}
+    a1, b = before.stream_input(stream), after.stream_input(stream)
+    destroyed, destroyed_at = destroyed or {}, destroyed_at or {}
+    out = []
+    for ino in sorted(set(a0) | set(a1) | set(b)):
+        first = a1.get(ino) or a0.get(ino)
+        last = b.get(ino)
+        start_read = first.bytes_read if first is not None else 0
+        if last is not None and last.state == "ESTAB":
+            out.append(ConnectionWindow(last.local, last.peer, first is None, False, None,
+                                        max(0, last.bytes_read - start_read)))
+            continue
+        sock = last or first
+        assert sock is not None
+        end = destroyed.get((sock.local, sock.peer))
+        if end is not None:
+            read: int | None = max(0, end.bytes_received - end.recv_q - 1 - start_read)
+        elif last is not None:  # still listed, its reader done (the peer's FIN)
+            read = max(0, last.bytes_read - start_read)
+        else:
+            read = None
+        out.append(ConnectionWindow(sock.local, sock.peer, first is None, True,
+                                    destroyed_at.get((sock.local, sock.peer)), read))
+    if listen is not None:
+        sampled = {(x.local, x.peer) for smp in (prior, before, after) if smp is not None
+                   for x in list(smp.accepted.values()) + list(smp.upstream.values())}
+        for key, end in sorted(destroyed.items()):
+            if key in sampled or not _same(end.local, listen):
+                continue
+            read = (max(0, end.bytes_received - end.recv_q - 1) if stream == "upstream" else end.bytes_acked)
+            out.append(ConnectionWindow(end.local, end.peer, True, True, destroyed_at.get(key), read))
+    return out

@@ -7,7 +7,8 @@ live connections, not only on new ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -33,6 +34,8 @@ class ToxicWrapper:
     stream: str
     toxicity: float
     toxic: Toxic
+    #: Resets of ``reset_peer`` whose delay has started (they complete even after removal).
+    pending: set[asyncio.Future[None]] = field(default_factory=set)
 
     def info(self) -> ToxicInfo:
         """Return the API view of the toxic."""
@@ -122,8 +125,12 @@ class ToxicCollection:
                 link.update_stub(wrapper)
         return wrapper
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str) -> list[asyncio.Future[None]]:
         """Remove toxic ``name`` from its chain and from every open link.
+
+        Returns:
+            The toxic's actions already under way that still complete (``reset_peer`` resets
+            whose delay started): the API answers once they are done, as Toxiproxy does.
 
         Raises:
             ApiError: 404 no such toxic.
@@ -133,8 +140,11 @@ class ToxicCollection:
         for link in list(self.links):
             if link.direction == wrapper.stream:
                 link.remove_stub(wrapper)
+        return list(wrapper.pending)
 
-    def reset(self) -> None:
-        """Remove every toxic (``POST /reset``)."""
+    def reset(self) -> list[asyncio.Future[None]]:
+        """Remove every toxic (``POST /reset``); returns what still completes (:meth:`remove`)."""
+        pending: list[asyncio.Future[None]] = []
         for wrapper in self.all():
-            self.remove(wrapper.name)
+            pending += self.remove(wrapper.name)
+        return pending

@@ -45,17 +45,24 @@ def _roundtrip(listen: str, payload: bytes = b"ping", timeout: float = 5.0) -> t
     host, port = listen.rsplit(":", 1)
     t0 = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(payload)
-        got = b""
-        try:
-            while len(got) < len(payload):
-                data = s.recv(65536)
-                if not data:
-                    break
-                got += data
-        except (ConnectionResetError, socket.timeout):
-            pass
+        got = _send_and_read(s, payload)
     return got, time.monotonic() - t0
+
+
+def _send_and_read(conn: socket.socket, payload: bytes) -> bytes:
+    """Send ``payload`` to the echo and read until as many bytes came back, the connection
+    ended, or the socket's timeout."""
+    conn.sendall(payload)
+    got = b""
+    try:
+        while len(got) < len(payload):
+            data = conn.recv(65536)
+            if not data:
+                break
+            got += data
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return got
 
 
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))
@@ -319,3 +326,152 @@ def test_a_fault_never_healed_leaves_no_watcher_behind(proxy, link):
     gc.collect()
     if pid is not None:  # (None: no root or no stdbuf, no watch was started)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- What bytes prove, kind by kind, on both servers (a tester's false passes on the real one) --
+
+def _open(listen: str) -> socket.socket:
+    host, port = listen.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _echo_some(conn: socket.socket, n: int) -> bytes:
+    return _send_and_read(conn, b"e" * n)
+
+
+def test_limit_data_that_never_cuts_did_not_bite(proxy, link, real):
+    """Found on the real proxy: 19 MB under a 1 GB limit counted as a bite (any byte did)."""
+    fault = _fault("limit_data", bytes=1_000_000)
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    with _open(link) as conn:
+        assert _echo_some(conn, 50_000) == b"e" * 50_000
+    fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is False, ev
+    if real:
+        assert ev["stream"]["bytes"] >= 50_000 and "was cut" in ev["reason"]
+
+
+def test_limit_data_that_cuts_a_connection_opened_in_its_window_bit(proxy, link, real):
+    """The connection opens and is cut between the window's two samples: only the kernel's
+    destroy record of its accepted socket shows it (root)."""
+    import os
+
+    if real and os.geteuid() != 0:
+        pytest.skip("the kernel's destroyed-socket records need root")
+    fault = _fault("limit_data", bytes=1000)
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    with _open(link) as conn:
+        assert len(_echo_some(conn, 50_000)) == 1000
+    time.sleep(0.2)
+    fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is True, ev
+
+
+def test_a_timeout_closing_an_idle_connection_bit(proxy, link, real):
+    """Found on the real proxy: a timeout toxic (timeout_ms > 0) closes an idle connection
+    without any byte, which the bundled proxy counted and the byte evidence missed."""
+    import os
+
+    if real and os.geteuid() != 0:
+        pytest.skip("when the kernel destroyed the socket needs root (ss -E)")
+    with _open(link) as conn:
+        assert _echo_some(conn, 10) == b"e" * 10  # open before the toxic, idle in its window
+        fault = _fault("timeout", timeout_ms=300)
+        ctx = FaultContext(proxy=proxy)
+        fault.apply(ctx)
+        conn.settimeout(5)
+        assert conn.recv(10) == b""  # closed by the toxic
+        time.sleep(0.2)
+        fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is True, ev
+
+
+def test_an_idle_timeout_shorter_than_its_close_did_not_bite(proxy, link, real):
+    with _open(link) as conn:
+        assert _echo_some(conn, 10) == b"e" * 10
+        fault = _fault("timeout", timeout_ms=5000)
+        ctx = FaultContext(proxy=proxy)
+        fault.apply(ctx)
+        time.sleep(0.3)
+        fault.heal(ctx)
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is False, ev
+
+
+def test_a_toxic_behind_a_black_hole_saw_nothing(proxy, link, real):
+    """Found on the real proxy: a latency added after a timeout toxic on the same stream was
+    counted as bitten from bytes the timeout (earlier in the chain) dropped."""
+    hole = _fault("timeout", name="hole", timeout_ms=0)
+    behind = _fault("latency", name="behind-hole", latency_ms=100)
+    ctx = FaultContext(proxy=proxy)
+    hole.apply(ctx)
+    behind.apply(ctx)
+    with _open(link) as conn:
+        conn.settimeout(0.5)
+        conn.sendall(b"x" * 100)
+        try:
+            assert conn.recv(100) == b""  # the hole drops everything
+        except socket.timeout:
+            pass
+        behind.heal(ctx)
+    hole.heal(ctx)
+    assert hole.evidence(ctx)["bit"] is True
+    ev = behind.evidence(ctx)
+    assert ev["bit"] is False, ev
+    if real:
+        assert ev["stream"]["held_by"] == ["hole"]
+
+
+def test_a_toxic_that_outlives_the_black_hole_before_it_counts_from_its_removal(proxy, link, real):
+    hole = _fault("timeout", name="hole", timeout_ms=0)
+    behind = _fault("latency", name="behind-hole", latency_ms=50)
+    ctx = FaultContext(proxy=proxy)
+    hole.apply(ctx)
+    behind.apply(ctx)
+    with _open(link) as conn:  # idle while the hole is in place: nothing to drop
+        time.sleep(0.2)
+    hole.heal(ctx)
+    mid = behind.evidence(ctx)
+    assert mid["bit"] is False, mid
+    with _open(link) as conn:
+        assert _echo_some(conn, 100) == b"e" * 100  # through the latency alone
+    behind.heal(ctx)
+    ev = behind.evidence(ctx)
+    assert ev["bit"] is True, ev
+    if real:
+        assert ev["stream"]["held_by"] == ["hole"] and ev["stream"]["bytes"] >= 100
+
+
+def test_a_reset_under_way_completes_when_the_fault_is_healed_first(proxy, link, real):
+    """Found on the real proxy: its reset_peer waits out its delay before the removal answers
+    (the heal failed on the client's 5 s timeout) and the reset still happens; the bundled
+    proxy cancelled it. Both now reset, and the heal waits for it."""
+    fault = _fault("reset_peer", timeout_ms=1500)
+    ctx = FaultContext(proxy=proxy)
+    fault.apply(ctx)
+    with _open(link) as conn:
+        conn.sendall(b"x" * 10)  # reaches the toxic: its reset is due 1.5 s later
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        fault.heal(ctx)  # before the reset is due
+        assert time.monotonic() - t0 >= 0.9  # the removal waited for the reset
+        conn.settimeout(5)
+        with pytest.raises((ConnectionResetError, OSError)):
+            if conn.recv(10) == b"":
+                raise ConnectionResetError("closed")
+    ev = fault.evidence(ctx)
+    assert ev["bit"] is True, ev
+    assert _roundtrip(link)[0] == b"ping"  # healed
+
+
+def test_a_latency_of_nothing_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="delays nothing"):
+        _fault("latency", latency_ms=0)
+    assert _fault("latency", latency_ms=0, jitter_ms=20).params.jitter_ms == 20

@@ -169,3 +169,68 @@ def test_the_client_speaks_to_both(server, echo_upstream):
         assert c.metrics_text() is not None  # -proxy-metrics on the real one
         c.delete_proxy("l")
         assert c.proxies() == {}
+
+
+def _received_total(client, proxy: str, direction: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(client.metrics_text() or "")
+               for s in f.samples if s.name == "toxiproxy_proxy_received_bytes_total"
+               and s.labels.get("proxy") == proxy and s.labels.get("direction") == direction)
+
+
+def test_byte_counters_are_added_when_a_connection_ends_on_both(client, echo_proxy, net, real):
+    """Matched: Toxiproxy adds a connection's bytes to toxiproxy_proxy_received_bytes_total
+    when its copy ends (link.go); the bundled proxy added them live, so the byte evidence of
+    chaos/faults/network.py counted a bundled connection's bytes twice."""
+    if real:
+        pytest.importorskip("prometheus_client")
+    s = net.connect(echo_proxy.listen)
+    s.sendall(b"0123456789")
+    assert net.recv_exact(s, 10) == b"0123456789"
+    assert _received_total(client, "p", "upstream") == 0  # still open
+    s.close()
+    deadline = time.monotonic() + 10
+    while _received_total(client, "p", "upstream") < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _received_total(client, "p", "upstream") == 10
+    assert _received_total(client, "p", "downstream") == 10
+
+
+def test_a_reset_under_way_outlives_the_removal_on_both(client, echo_proxy, net):
+    """Matched: Toxiproxy's reset_peer waits out its delay (reset_peer.go, no interrupt), so the
+    DELETE answers after the reset and the connection is reset anyway; the bundled proxy
+    cancelled the reset and answered at once."""
+    client.add_toxic("p", "reset_peer", {"timeout": 1000}, stream="upstream", name="rst")
+    s = net.connect(echo_proxy.listen)
+    s.sendall(b"x")
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    client.remove_toxic("p", "rst", timeout_s=30)
+    assert time.monotonic() - t0 >= 0.5
+    s.settimeout(5)
+    with pytest.raises((ConnectionResetError, OSError)):
+        if s.recv(10) == b"":
+            raise ConnectionResetError("closed")
+    s.close()
+
+
+def test_a_timeout_toxic_closes_after_its_timeout_without_data_on_both(client, echo_proxy, net):
+    """Matched: Toxiproxy's timeout.go starts its timer again for each chunk it drops, so a
+    connection that keeps sending stays open; the bundled proxy closed it ``timeout`` after
+    the toxic's start whatever came."""
+    client.add_toxic("p", "timeout", {"timeout": 600}, stream="upstream", name="hole")
+    s = net.connect(echo_proxy.listen)
+    s.settimeout(0.1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5:  # a byte every 0.1 s: never 600 ms without data
+        s.sendall(b"x")
+        try:
+            assert s.recv(10) != b"", "closed while data kept coming"
+        except socket.timeout:
+            pass
+    s.settimeout(5)
+    t1 = time.monotonic()
+    assert s.recv(10) == b""  # silence: closed after the timeout
+    assert time.monotonic() - t1 >= 0.4
+    s.close()

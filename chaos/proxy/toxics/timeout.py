@@ -2,8 +2,11 @@
 
 Toxiproxy 2.x ``toxics/timeout.go``: data reaching this stage is dropped; after ``timeout`` the
 connection is closed; ``timeout`` 0 holds it open (dropping data) until the toxic is removed.
-Removing the toxic closes the connections it held (Toxiproxy's ``Cleanup``): the bytes it
-dropped are gone, so the stream could not be resumed intact anyway.
+As in Toxiproxy 2.9.0 (its loop makes a new ``time.After(timeout)`` for each chunk), the
+``timeout`` counts from the toxic's start or the last chunk it dropped, whichever is later:
+the connection is closed after ``timeout`` ms without data. Removing the toxic closes the
+connections it held (Toxiproxy's ``Cleanup``): the bytes it dropped are gone, so the stream
+could not be resumed intact anyway.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class TimeoutToxic(Toxic):
 
     async def pipe(self, stub: ToxicStub, chunk: Chunk, emit: Emit) -> None:
         stub.mark_acted()  # the data is dropped on the ground
+        self.start(stub)  # the close comes ``timeout`` after the last chunk (Toxiproxy)
 
     async def on_eof(self, stub: ToxicStub) -> None:
         stub.mark_acted()
