@@ -447,10 +447,11 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 current = (row, scenario, run_id, run_dir)
                 try:
                     stack = pool.acquire(Path(scenario.stack), variables, say=say)
+                    restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
                 except (StackError, ConfigError) as exc:
                     result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
+                    pool.release(Path(scenario.stack), result)  # a stack half restarted: afresh next
                 else:
-                    restart_dirty(stack, say)  # every cell starts from a stack that holds nothing
                     if coverage is not None:  # after the reset: only the scenario's own paths
                         coverage.switch(f"{row}/{scenario.name}")  # type: ignore[attr-defined]
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,

@@ -5,7 +5,9 @@
                 └─ restart_after given: a timer starts the service again that long after the
                    kill and waits for its health check
     heal  ── the service is started again (if it is not running yet) and waited healthy;
-             LMCache: then until the engine uses the new server again (chaos/stack/reconnect.py)
+             LMCache: then until the engine uses the new server again (chaos/stack/reconnect.py);
+             raises when that restart, or the timer's, failed (the runner: an infrastructure
+             error, since the stack was not the scenario's for a while)
 
 The stack records the exit as expected (``stack.exits``, ``expected=True``), so the liveness
 check does not count it as an unexplained death. Field reports: F5 (the engine's worker died),
@@ -146,7 +148,11 @@ class Kill(Fault):
         """Start the service again (if the timer has not) and wait for its health check.
 
         Raises:
-            StackError: the service did not come back healthy.
+            StackError: the service did not come back healthy (e.g. another process took its
+                port, named with its pid); RuntimeError: the timer's restart (``restart_after``)
+                had failed, even when heal's own restart then worked: between the two the stack
+                ran without the service, which the scenario does not describe (and the failed
+                process's exit would read as an unexplained death).
         """
         if not self._applied or ctx.stack is None:
             return {"service": self.params.service, "restarted": False, "reason": "not applied here"}
@@ -165,6 +171,9 @@ class Kill(Fault):
         if ctx.stack.engine_under_lmcache([self.params.service]):
             # The next phase starts once the engine uses the new LMCache server again.
             out["engine"] = ctx.stack.wait_engine_reconnected(self._contexts)
+        if self._restart_error is not None:
+            raise RuntimeError(f"the restart of service {self.params.service!r} {self.params.restart_after:g}s after "
+                               f"the kill failed ({self._restart_error}); it was started again at heal")
         return out
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:

@@ -11,6 +11,13 @@ SIGTERM, the scenario deadline): heal runs in ``finally``, one fault at a time, 
 earlier heal failed (Chaos Toolkit's rollbacks). Before a fault is applied it is written to the
 journal (chaos/journal.py) so ``kvchaos cleanup`` can heal it if the runner is SIGKILLed.
 
+A heal that raises (a killed service that did not come back healthy, its port taken by another
+process; a toxic the proxy would not remove; links the restarted proxy could not create) leaves a
+stack that is no longer the one the scenario describes: the run is an infrastructure error
+(:class:`HealFailed`: verdict unknown, exit code 3, ``error`` naming the fault and the heal's
+error), the rest of its phase is cut short and no later phase runs; every other fault is still
+healed and the report written, with the failed fault's evidence where it can be read.
+
 A SIGINT or SIGTERM at any stage (chaos/interrupts.py) skips what is left of the phases, quiesce,
 oracle and checks, heals, and writes the report with verdict ``interrupted`` (the signal, the
 stage, the phases that ran, what was healed) before RunInterrupted leaves with the result on it.
@@ -25,6 +32,7 @@ import random
 import threading
 import time
 import traceback
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +61,21 @@ from chaos.workload.client import CompletionClient
 from chaos.workload.driver import run_conversations
 from chaos.workload.generator import plan_phase
 
+class HealFailed(RuntimeError):
+    """A fault's heal raised: the stack is not the one the scenario describes any more, so the run
+    is an infrastructure error, not a verdict on the system under test.
+
+    Attributes:
+        fault_id: the fault's id; kind: its kind.
+        error: the heal's error, ``"Type: message"`` (a StackError names the service, the port
+            and the process that holds it).
+    """
+
+    def __init__(self, fault_id: str, kind: str, error: str) -> None:
+        self.fault_id, self.kind, self.error = fault_id, kind, error
+        super().__init__(f"heal of fault {fault_id} ({kind}) failed: {error}")
+
+
 @dataclass
 class AppliedFault:
     """A fault the nemesis started applying (so it must be healed)."""
@@ -61,6 +84,8 @@ class AppliedFault:
     phase: str
     healed: bool = False
     heal_ok: bool | None = None
+    #: The heal's error (``"Type: message"``) when it raised.
+    heal_error: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: The fault's trigger being watched while it is in place (None: it declares none).
     watch: TriggerWatch | None = None
@@ -107,7 +132,12 @@ class Nemesis:
                             value={"kind": p.kind, **_jsonable(done)})
 
     def heal(self, entry: AppliedFault) -> None:
-        """Heal one applied fault (idempotent); records invoke, then ok (with evidence) or fail."""
+        """Heal one applied fault (idempotent); records invoke, then ok (with evidence) or fail
+        (with the error, and the evidence where it can still be read).
+
+        Raises:
+            HealFailed: the fault's heal raised (once; a second call is a no-op).
+        """
         with entry.lock:
             if entry.healed:
                 return
@@ -120,18 +150,24 @@ class Nemesis:
             done = fault.heal(self.ctx)
         except Exception as exc:
             entry.heal_ok = False
+            entry.heal_error = f"{type(exc).__name__}: {exc}"
             self.history.append("nemesis", "fail", "heal", phase=phase, fault_id=fault.id,
-                                value={"kind": kind, "error": f"{type(exc).__name__}: {exc}", **trigger})
-            return
+                                value={"kind": kind, "error": entry.heal_error,
+                                       "evidence": _jsonable(self._evidence(fault)), **_jsonable(trigger)})
+            raise HealFailed(fault.id, kind, entry.heal_error) from exc
         entry.heal_ok = True
-        try:
-            evidence = fault.evidence(self.ctx)
-        except Exception as exc:
-            evidence = {"bit": False, "error": f"{type(exc).__name__}: {exc}"}
+        evidence = self._evidence(fault)
         self.journal.remove("fault", fault.id)
         self.history.append("nemesis", "ok", "heal", phase=phase, fault_id=fault.id,
                             value={"kind": kind, **_jsonable(done), "evidence": _jsonable(evidence),
                                    **_jsonable(trigger)})
+
+    def _evidence(self, fault: Fault) -> dict[str, Any]:
+        """``fault.evidence(ctx)``; ``{"bit": False, "error": ...}`` when that raises."""
+        try:
+            return fault.evidence(self.ctx)
+        except Exception as exc:
+            return {"bit": False, "error": f"{type(exc).__name__}: {exc}"}
 
     def watch(self, conditions: list) -> TriggerWatch | None:
         """A watch of ``conditions`` on the context's stack; None for no conditions."""
@@ -140,15 +176,16 @@ class Nemesis:
         return TriggerWatch(conditions, self.ctx.stack)
 
     def heal_all(self) -> list[str]:
-        """Heal every applied fault not yet healed, newest first; returns errors (never raises
-        but for a signal held meanwhile, raised as RunInterrupted once all are healed)."""
+        """Heal every applied fault not yet healed, newest first; returns the errors of the heals
+        that failed (``HealFailed``'s text: the fault and the error). Never raises but for a
+        signal held meanwhile, raised as RunInterrupted once all are healed."""
         errors = []
         with interrupts.deferred():
             for entry in reversed(self.applied):
                 try:
                     self.heal(entry)
                 except Exception as exc:  # keep healing the others
-                    errors.append(f"heal {entry.fault.id}: {exc}")
+                    errors.append(str(exc))
         return errors
 
     def cancel_for(self, plan) -> Any:
@@ -224,9 +261,10 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         tasks = [asyncio.create_task(fault_timeline(f, f in first)) for f in faults]
         if conversations:
             assert client is not None  # load_and_validate: a stack without engine_url sends nothing
-            await run_conversations(client, conversations, phase=phase.name,
-                                    concurrency=scenario.workload.concurrency, deadline_s=deadline_s,
-                                    cancel_for=nemesis.cancel_for)
+            await _unless_one_fails(run_conversations(client, conversations, phase=phase.name,
+                                                      concurrency=scenario.workload.concurrency,
+                                                      deadline_s=deadline_s, cancel_for=nemesis.cancel_for),
+                                    tasks)
         requests_done_at.append(time.monotonic())
         requests_done.set()
         if tasks:
@@ -245,6 +283,26 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     # `until: end` faults end with their phase.
     for entry in nemesis.pending(phase.name):
         await asyncio.to_thread(nemesis.heal, entry)
+
+
+async def _unless_one_fails(main: Coroutine[Any, Any, Any], others: list[asyncio.Task]) -> None:
+    """Run ``main`` to its end, unless one of ``others`` (the phase's fault timelines) raises
+    first (a heal that failed, :class:`HealFailed`): then ``main`` is cancelled and that error
+    raised, so no more requests go to a stack that is not the one the scenario describes.
+    Cancelling this cancels ``main``."""
+    task = asyncio.ensure_future(main)
+    watched: set[asyncio.Future] = {task, *others}
+    try:
+        while not task.done():
+            done, watched = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            failed = [t for t in done if t is not task and not t.cancelled() and t.exception() is not None]
+            if failed:
+                raise failed[0].exception()  # type: ignore[misc]
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def _leak_sources(scenario: Scenario, stack: Stack) -> list[LeakSource]:
@@ -340,6 +398,8 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
             interrupts.run_async(bounded())  # a signal cancels the phases' task
         except asyncio.TimeoutError:
             error = f"scenario deadline of {timeout_s:.0f}s passed"
+        except HealFailed as exc:  # the stack is not the scenario's any more: no later phase runs
+            error = str(exc)
         finally:
             interrupts.set_stage("heal")
             heal_errors = nemesis.heal_all()

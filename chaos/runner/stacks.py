@@ -28,6 +28,7 @@ import httpx
 
 from chaos import interrupts
 from chaos.stack.base import Stack, StackError, new_run_id
+from chaos.yamlsource import ConfigError
 
 
 @contextmanager
@@ -140,14 +141,34 @@ class StackPool:
         see :meth:`chaos.scenario.model.EngineOptions.stack_variables`), clean.
 
         Raises:
-            ConfigError: invalid stack file; StackError: it did not start or reset;
-            RunInterrupted: a signal came meanwhile (the stack is known to the pool, so
-            :meth:`close` brings down whatever of it started).
+            ConfigError: invalid stack file; StackError: it could not be built, started, restarted
+            or reset, whatever failed (a port variable another kvchaos stack claims, no free port
+            to claim, an unwritable claims folder, a service that did not start: any exception
+            but ConfigError arrives as a StackError naming it, so that every caller reports an
+            infrastructure error with the report written, never a traceback); a stack of the pool
+            that failed so is started afresh for the next scenario; RunInterrupted: a signal came
+            meanwhile (the stack is known to the pool, so :meth:`close` brings down whatever of
+            it started).
         """
+        key = Path(stack_file).resolve()
+        try:
+            return self._acquire(key, dict(variables or {}), say)
+        except (StackError, ConfigError):
+            self._fail(key)
+            raise
+        except Exception as exc:
+            self._fail(key)
+            raise StackError(f"could not prepare the stack {key.name}: {type(exc).__name__}: {exc}") from exc
+
+    def _fail(self, key: Path) -> None:
+        """A stack of the pool whose restart or reset failed midway: the next scenario gets it
+        started afresh."""
+        if key in self._stacks:
+            self._dirty.add(key)
+
+    def _acquire(self, key: Path, variables: dict[str, str], say: Callable[[str], None]) -> Stack:
         import os
 
-        key = Path(stack_file).resolve()
-        variables = dict(variables or {})
         stack = self._stacks.get(key)
         if stack is None:
             run_dir = self.root / new_run_id(key.stem)
@@ -198,6 +219,7 @@ class StackPool:
                 stack.down()
             except Exception:
                 pass
+            stack.release_ports()  # a new stack of this process may set them (its own variables)
             raise
 
     def release(self, stack_file: Path, result) -> None:
@@ -219,11 +241,13 @@ class StackPool:
             self._dirty.add(key)
 
     def close(self) -> None:
-        """Bring every stack down (unless ``keep``). A second Ctrl-C or SIGTERM while this runs
-        is held back until it is done: an impatient user must not leave processes behind."""
+        """Bring every stack down and drop its port claims (unless ``keep``). A second Ctrl-C or
+        SIGTERM while this runs is held back until it is done: an impatient user must not leave
+        processes behind."""
         if self.keep:
             return
         with interrupts_deferred():
             for stack in self._stacks.values():
                 stack.down()
+                stack.release_ports()  # a later pool of this process may set the same ports
             self._stacks.clear()

@@ -266,20 +266,65 @@ class Stack(abc.ABC):
 
         Raises:
             StackError: the proxy's API failed (e.g. a link's listen port is taken), naming the
-                proxy service; every caller (start, restart, reset between scenarios) then
-                reports an infrastructure error instead of crashing.
+                proxy service, and for each link whose listen port a process outside the stack
+                holds, the link, its port variable, the port and that process (pid and command
+                line, :meth:`link_port_holders`); every caller (start, restart, reset between
+                scenarios, a fault's heal) then reports an infrastructure error instead of
+                crashing.
         """
         if not self.settings.links or self.settings.proxy is None:
             return
-        from chaos.proxy.client import ToxiproxyClient, ToxiproxyError
+        from chaos.proxy.client import ToxiproxyClient
 
         proxy = self.settings.proxy
         try:
             with ToxiproxyClient(proxy.api) as client:
                 client.populate([{"name": n, "listen": link.listen, "upstream": link.upstream, "enabled": True}
                                  for n, link in self.settings.links.items()])
-        except (ToxiproxyError, OSError) as exc:
-            raise StackError(f"could not create the proxy links on {proxy.api}: {exc}", proxy.service) from exc
+        except Exception as exc:  # ToxiproxyError (HTTP errors and refusals), OSError, a bad answer
+            held = self.link_port_holders(str(exc))
+            why = f" ({'; '.join(held)})" if held else ""
+            raise StackError(f"could not create the proxy links on {proxy.api}: {exc}{why}", proxy.service) from exc
+
+    def own_pids(self) -> set[int] | None:
+        """The live pids of every process this stack started (each service's process group);
+        None where the backend cannot tell (containers)."""
+        return None
+
+    def port_variable(self, port: int) -> str | None:
+        """The stack's ``*_PORT`` variable(s) set to ``port`` (``"A_PORT/B_PORT"``), or None."""
+        names = [k for k, v in sorted(self.env.items()) if k.endswith("_PORT") and v.strip() == str(port)]
+        return "/".join(names) or None
+
+    def link_port_holders(self, error: str = "") -> list[str]:
+        """For each link whose listen port a process outside this stack listens on, on any
+        address: ``"link 'cache-link': port 21905 (LMCACHE_PROXY_PORT) is held by pid 123
+        (python -m http.server 21905)"`` (chaos/stack/probe.py ``listeners``). Where the backend
+        cannot tell its own processes (:meth:`own_pids` None), only the links whose port
+        ``error`` (the proxy's answer) names are looked at: the proxy holds the others itself."""
+        import re
+
+        from chaos.stack.probe import listeners
+
+        ours = self.own_pids()
+        found = []
+        for name, link in self.settings.links.items():
+            port = int(link.listen.rpartition(":")[2])
+            if ours is None and not re.search(rf"(?<![0-9]){port}(?![0-9])", error):
+                continue
+            foreign = [o for o in listeners(port) if ours is None or o.pid not in ours]
+            if foreign:
+                found.append(f"link {name!r}: port {port} ({self.port_variable(port) or 'no port variable'}) "
+                             "is held by " + ", ".join(o.describe() for o in foreign))
+        return found
+
+    def release_ports(self) -> None:
+        """Drop the host-wide claims on this stack's ports (chaos/stack/ports.py), e.g. once a
+        pool forgot a stack that did not start: another stack of this process may set them."""
+        from chaos.stack.ports import release_all
+        from chaos.stack.spec import port_owner
+
+        release_all(port_owner(self.run_dir))
 
     # --- context manager ---------------------------------------------------------------
     def __enter__(self) -> "Stack":

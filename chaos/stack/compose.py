@@ -943,8 +943,11 @@ class ComposeStack(Stack):
         state = json.loads((run_dir / "state.json").read_text())
         environ = {**os.environ, **state["env"]}
         journal = Journal(state["run_id"], directory=Path(state["journal"]).parent)
+        # Its ports are its own (state.json), claimed or not since `stack up` ended: never refused.
+        spec = load_stack(state["stack_file"], environ=environ, run_dir=run_dir.resolve(), require_commands=False,
+                          refuse_claimed=False)
         return cls(state["stack_file"], run_dir=run_dir, environ=environ, run_id=state["run_id"],
-                   journal=journal)
+                   journal=journal, spec=spec)
 
 
 __all__ = ["ComposeStack", "build_image", "build_context_tar", "cleanup_all", "remove_project",

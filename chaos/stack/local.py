@@ -34,7 +34,7 @@ from chaos.journal import Journal
 from chaos.proxy.real import MissingToxiproxy, asks_for_real, find_binary
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import service_environment
-from chaos.stack.ports import owned, release
+from chaos.stack.ports import release_all
 from chaos.stack.probe import group_pids, is_local_host, listeners, probe, probe_url_of, url_host_port
 from chaos.stack.spec import Service, StackSpec, load_stack, port_owner
 
@@ -99,10 +99,6 @@ class _Proc:
         return False
 
 
-def _release_ports(owner: str | None) -> None:
-    release(owned(owner), owner)
-
-
 def log_tail(path: Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file ("" if missing)."""
     try:
@@ -151,7 +147,7 @@ class LocalStack(Stack):
         # The ports picked for this stack stay claimed while the object lives (also across
         # down/up, when a suite restarts it), and are released with it or with the process.
         self._port_owner = port_owner(self.run_dir)
-        weakref.finalize(self, _release_ports, self._port_owner)
+        weakref.finalize(self, release_all, self._port_owner)
         self._check_programs()
 
     # --- validation before anything starts ----------------------------------------------
@@ -220,8 +216,10 @@ class LocalStack(Stack):
         environ.update(state["env"])
         jpath = Path(state["journal"])
         journal = Journal(state["run_id"], directory=jpath.parent)
+        # Its ports are its own (state.json), claimed or not since `stack up` ended: never refused.
+        spec = load_stack(state["stack_file"], environ=environ, run_dir=run_dir.resolve(), refuse_claimed=False)
         stack = cls(state["stack_file"], run_dir=run_dir, environ=environ, run_id=state["run_id"],
-                    journal=journal)
+                    journal=journal, spec=spec)
         for name, s in state["services"].items():
             stack._procs[name] = _Proc(name, s["pid"], s["pgid"], s["create_time"], Path(s["log"]),
                                        paused=s.get("paused", False))
@@ -306,19 +304,9 @@ class LocalStack(Stack):
         if proxy is not None and proxy.service in names:
             try:
                 self.populate_links()
-            except StackError:
-                raise
-            except Exception as exc:  # the proxy answered health but not the API
-                held = []
-                for link_name, link in self.settings.links.items():
-                    port = int(link.listen.rpartition(":")[2])
-                    owners = listeners(port)
-                    if owners:
-                        held.append(f"link {link_name}: port {port} is held by "
-                                    + ", ".join(o.describe() for o in owners))
-                why = f" ({'; '.join(held)})" if held else ""
-                raise StackError(f"could not create the proxy links on {proxy.api}: {exc}{why}",
-                                 proxy.service, log_tail(self.log_dir / f"{proxy.service}.log")) from exc
+            except StackError as exc:  # with the proxy's last log lines
+                raise StackError(str(exc), proxy.service,
+                                 log_tail(self.log_dir / f"{proxy.service}.log")) from exc.__cause__
 
     def _spawn(self, name: str) -> _Proc:
         svc: Service = self.spec.services[name]
@@ -358,7 +346,8 @@ class LocalStack(Stack):
                 out[int(value)] = var
         return out
 
-    def _stack_pids(self) -> set[int]:
+    def own_pids(self) -> set[int]:
+        """The live pids of every service's process group."""
         pids: set[int] = set()
         for p in self._procs.values():
             pids |= group_pids(p.pgid)
@@ -373,7 +362,7 @@ class LocalStack(Stack):
             owners = listeners(port)
             if not owners:
                 continue
-            ours = self._stack_pids() if ours is None else ours
+            ours = self.own_pids() if ours is None else ours
             foreign = [o for o in owners if o.pid not in ours]
             if foreign:
                 found.append(f"port {port} ({var}) is held by " + ", ".join(o.describe() for o in foreign))

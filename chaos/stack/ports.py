@@ -12,7 +12,14 @@ default port free and pick it. Each stack therefore claims the ports it picks:
   (no stale claims, no pid reuse); files are never deleted (a delete could let two processes
   lock two different files of one name);
 - one process may claim for several stacks: a claim has an ``owner`` (the stack's run dir), and
-  a port one owner holds is refused to another.
+  a port one owner holds is refused to another;
+- claim files are made mode 0666 whatever the creator's umask, so that another user can lock
+  them; a claim file that cannot be opened at all (another user's, made before that) counts as
+  held by someone else.
+
+A port counts as free (:func:`is_free`) only when nothing listens on it on any address
+(``127.0.0.1``, ``127.0.0.2``, ``::1``, ``0.0.0.0``, ...): a service started on a port held on
+another loopback address would be answered by the other process.
 
 Ports are picked from below the kernel's ephemeral range (``ip_local_port_range``), so an
 outgoing connection's source port cannot take one between the pick and the bind. A program that
@@ -30,7 +37,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["claim", "release", "holder", "owned", "claims_dir", "pick_port", "ephemeral_range"]
+__all__ = ["claim", "release", "holder", "owned", "claims_dir", "pick_port", "ephemeral_range", "is_free",
+           "release_all"]
 
 _DEFAULT_DIR = "/tmp/kvchaos-port-claims"
 _lock = threading.Lock()
@@ -46,10 +54,18 @@ _held: dict[int, _Held] = {}
 
 
 def claims_dir() -> Path:
-    """The host-wide claims folder (created world-writable with the sticky bit, like /tmp)."""
+    """The host-wide claims folder (created world-writable with the sticky bit, like /tmp).
+
+    Raises:
+        OSError: it cannot be made (naming it).
+    """
     d = Path(os.environ.get("KVCHAOS_PORT_CLAIMS_DIR") or _DEFAULT_DIR)
     if not d.is_dir():
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot make the port claims folder {d}: {exc.strerror} "
+                          "(set KVCHAOS_PORT_CLAIMS_DIR to a folder every user may write)") from None
         try:
             os.chmod(d, 0o1777)
         except PermissionError:  # made by another user in between
@@ -66,7 +82,11 @@ def claim(port: int, owner: str | None = None) -> bool:
 
     Returns:
         True when the port is now claimed by ``owner`` (also when it held it already); False when
-        another process, or another owner in this process, holds it.
+        another process, or another owner in this process, holds it, or when its claim file
+        cannot be opened at all (another user's file this user may not read: taken as held).
+
+    Raises:
+        OSError: the claims folder does not let this user create a claim file (naming it).
     """
     owner = owner or _default_owner()
     path = claims_dir() / str(port)
@@ -75,12 +95,9 @@ def claim(port: int, owner: str | None = None) -> bool:
         if held is not None:
             return held.owner == owner
         for _ in range(3):
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-                writable = True
-            except PermissionError:  # another user's claim file: a read-only fd can be locked too
-                fd = os.open(path, os.O_RDONLY)
-                writable = False
+            fd, writable = _open_claim(path)
+            if fd is None:
+                return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -101,6 +118,35 @@ def claim(port: int, owner: str | None = None) -> bool:
     return False
 
 
+def _open_claim(path: Path) -> tuple[int | None, bool]:
+    """Open (or create) the claim file ``path``: ``(fd, writable)``; ``(None, False)`` when it
+    exists but this user may not open it at all.
+
+    A file this call may have created is made mode 0666 (``fchmod``: the umask does not apply),
+    so that every other user can open it for writing too.
+
+    Raises:
+        OSError: the file does not exist and cannot be created (the claims folder is not
+            writable for this user).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError as exc:  # another user's claim file: a read-only fd can be locked too
+        try:
+            return os.open(path, os.O_RDONLY), False
+        except PermissionError:  # not even readable (made under umask 077 by an older kvchaos)
+            return None, False
+        except FileNotFoundError:
+            raise OSError(exc.errno, f"cannot create port claim files in {path.parent} "
+                          f"({exc.strerror}): make it mode 1777 or set KVCHAOS_PORT_CLAIMS_DIR") from None
+    try:
+        if os.fstat(fd).st_mode & 0o777 != 0o666:
+            os.fchmod(fd, 0o666)
+    except OSError:  # another user's file opened for writing: its mode is its owner's to set
+        pass
+    return fd, True
+
+
 def release(ports: list[int], owner: str | None = None) -> None:
     """Drop the claims ``owner`` (default: this process) holds on ``ports``."""
     owner = owner or _default_owner()
@@ -112,14 +158,22 @@ def release(ports: list[int], owner: str | None = None) -> None:
                 os.close(held.fd)  # closing the file ends the lock
 
 
+def release_all(owner: str | None = None) -> None:
+    """Drop every claim ``owner`` (default: this process) holds."""
+    release(owned(owner), owner)
+
+
 def holder(port: int) -> str | None:
-    """Who claims ``port`` (``"pid=N uid=U owner=..."``), or None when nobody does now."""
+    """Who claims ``port`` (``"pid=N uid=U owner=..."``), or None when nobody does now (a claim
+    file this user cannot read: ``"another user (claim file <path> not readable)"``)."""
     path = claims_dir() / str(port)
     with _lock:
         if port in _held:
             return f"pid={os.getpid()} owner={_held[port].owner}"
     try:
         fd = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        return f"another user (claim file {path} not readable)"
     except OSError:
         return None
     try:
@@ -143,24 +197,50 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _bindable(port: int, host: str) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
+def _has_ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM):
+            return socket.has_ipv6
+    except OSError:
+        return False
+
+
+def is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on ``port`` on any address and ``host:port`` may be bound.
+
+    A bind on ``host`` alone does not see a listener on another address of the host (a process on
+    ``[::1]:PORT`` or ``127.0.0.2:PORT``), which would then take connections meant for the
+    service, or which the identity check would report once the stack starts (exit 3). So the port
+    is bound on the IPv4 any-address ``0.0.0.0`` (refused while any IPv4 address of it listens),
+    on the IPv6 any-address ``[::]`` (IPv6 only; where the host has IPv6) and on ``host``.
+    ``SO_REUSEADDR`` is set, as servers set it: a connection in TIME_WAIT does not count.
+    """
+    binds = [(socket.AF_INET, "0.0.0.0")]
+    if _has_ipv6():
+        binds.append((socket.AF_INET6, "::"))
+    if host not in ("0.0.0.0", "::"):
+        binds.append((socket.AF_INET6 if ":" in host else socket.AF_INET, host))
+    for family, address in binds:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind((address, port))
+            except OSError:
+                return False
     return True
 
 
 def pick_port(owner: str | None = None, avoid: set[int] | None = None, host: str = "127.0.0.1",
               rng: random.Random | None = None) -> int:
-    """A port that is bindable on ``host`` now and is claimed for ``owner`` (:func:`claim`),
-    picked at random below the ephemeral range (from 20000, or 1024 when that range starts
-    lower); the kernel's pick (port 0) if 200 tries find none.
+    """A port that is free now (:func:`is_free`: nothing listens on it on any address, and
+    ``host`` may bind it) and is claimed for ``owner`` (:func:`claim`), picked at random below
+    the ephemeral range (from 20000, or 1024 when that range starts lower); the kernel's pick
+    (port 0) if 200 tries find none.
 
     Raises:
-        OSError: no port could be found and claimed.
+        OSError: no port could be found and claimed, or the claims folder is not writable.
     """
     rng = rng or random.SystemRandom()
     avoid = avoid or set()
@@ -170,17 +250,17 @@ def pick_port(owner: str | None = None, avoid: set[int] | None = None, host: str
         port = rng.randrange(start, low) if low > start else 0
         if port == 0:
             break
-        if port in avoid or not _bindable(port, host):
+        if port in avoid or not is_free(port, host):
             continue
         if claim(port, owner):
-            if _bindable(port, host):
+            if is_free(port, host):
                 return port
             release([port], owner)
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if port not in avoid and claim(port, owner):
+        if port not in avoid and is_free(port, host) and claim(port, owner):
             return port
     raise OSError("could not find a free port to claim")
 

@@ -410,53 +410,70 @@ class StackFile(BaseModel):
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on ``host:port`` and we may bind it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+    """True when nothing listens on ``port`` on any address of the host (``127.0.0.2``,
+    ``[::1]``, ... too) and ``host:port`` may be bound (chaos/stack/ports.py ``is_free``)."""
+    from chaos.stack.ports import is_free
+
+    return is_free(port, host)
 
 
 def free_port(host: str = "127.0.0.1", avoid: set[int] | None = None) -> int:
-    """A TCP port the kernel says is free now (bind to port 0), not in ``avoid``."""
+    """A TCP port the kernel says is free now (bind to port 0), not in ``avoid``, on which
+    nothing listens on any address (:func:`port_is_free`)."""
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if not avoid or port not in avoid:
+        if (not avoid or port not in avoid) and port_is_free(port, host):
             return port
     raise OSError("could not find a free port")
 
 
 def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
-                      run_dir: Path | None = None, allocate_ports: bool = True) -> dict[str, str]:
+                      run_dir: Path | None = None, allocate_ports: bool = True,
+                      refuse_claimed: bool = True) -> dict[str, str]:
     """The variables a stack file is interpolated with.
 
     Starts from ``environ`` (``os.environ`` when None). Every variable named ``*_PORT`` that has
     a literal default in the file (``${X_PORT:-1234}``) and is not set gets its default when that
-    port is free on 127.0.0.1, else a free port picked by the kernel (``allocate_ports``), so
-    every reference to it resolves to the same port; chosen ports are claimed host-wide for the
-    stack (chaos/stack/ports.py: owner ``run_dir``) so a concurrent kvchaos stack, of any state
-    dir or user, does not pick them too. ``KVCHAOS_RUN_DIR`` is set to ``run_dir``.
+    port is free (nothing listens on it on any address, :func:`port_is_free`), else a free port
+    picked below the ephemeral range (``allocate_ports``), so every reference to it resolves to
+    the same port; chosen ports are claimed host-wide for the stack (chaos/stack/ports.py: owner
+    ``run_dir``) so a concurrent kvchaos stack, of any state dir or user, does not pick them too.
+    A ``*_PORT`` variable the file reads that ``environ`` sets (the user's choice, or the ports
+    of this stack resolved before) is claimed for the stack too (``allocate_ports``); when
+    another kvchaos stack holds that claim, the stack must not start (``refuse_claimed``; False:
+    the ports are known to be this stack's own, as for a stack that ``kvchaos stack up`` left
+    running: claimed where nobody holds them, never refused). ``KVCHAOS_RUN_DIR`` is set to
+    ``run_dir``.
 
     Returns:
         The variables (a new dict).
+
+    Raises:
+        StackError: a set ``*_PORT`` variable names a port another kvchaos stack claims; the
+            message names the variable, the port and the claim's holder (pid, owner).
+        OSError: no free port could be claimed, or the claims folder is not writable.
     """
     env = dict(os.environ if environ is None else environ)
     if run_dir is not None:
         env["KVCHAOS_RUN_DIR"] = str(run_dir)
-    taken: set[int] = set()
-    owner = port_owner(run_dir)
-    for name, default in defaults_in(raw).items():
-        if not name.endswith("_PORT") or env.get(name):
-            continue
-        port = int(default) if default.isdigit() else 0
-        if allocate_ports:
-            from chaos.stack.ports import claim, pick_port, release
+    if not allocate_ports:
+        for name, default in defaults_in(raw).items():
+            if name.endswith("_PORT") and not env.get(name):
+                env[name] = str(int(default) if default.isdigit() else 0)
+        return env
+    from chaos.stack.ports import claim, owned, pick_port, release
 
+    owner = port_owner(run_dir)
+    before = set(owned(owner))
+    try:
+        # The ports set already are not picked again for another variable.
+        taken = _claim_set_ports(raw, env, owner, refuse_claimed)
+        for name, default in defaults_in(raw).items():
+            if not name.endswith("_PORT") or env.get(name):
+                continue
+            port = int(default) if default.isdigit() else 0
             # Claimed across kvchaos processes: a port bound only later (a proxy link) is not
             # picked by two stacks starting at once. Claim first, then check it is free.
             if port == 0 or port in taken or not claim(port, owner):
@@ -464,9 +481,41 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
             elif not port_is_free(port):
                 release([port], owner)
                 port = pick_port(owner, avoid=taken)
-        taken.add(port)
-        env[name] = str(port)
+            taken.add(port)
+            env[name] = str(port)
+    except BaseException:  # no stack will hold what this call claimed
+        release(sorted(set(owned(owner)) - before), owner)
+        raise
     return env
+
+
+def _claim_set_ports(raw: Any, env: dict[str, str], owner: str | None, refuse: bool) -> set[int]:
+    """Claim for ``owner`` every ``*_PORT`` variable the stack file reads that ``env`` sets.
+
+    Returns:
+        The ports of those variables.
+
+    Raises:
+        StackError: (``refuse``) another kvchaos stack (another process, or another stack of this
+            one) claims one of them.
+    """
+    from chaos.stack.ports import claim, holder
+
+    ports: set[int] = set()
+    for name in sorted(variables_in(raw)):
+        value = env.get(name, "")
+        if not name.endswith("_PORT") or not value.strip().isdigit() or not 0 < int(value) < 65536:
+            continue
+        port = int(value)
+        ports.add(port)
+        if claim(port, owner) or not refuse:
+            continue
+        from chaos.stack.base import StackError  # the stack layer above this module
+
+        raise StackError(f"{name}={port}: port {port} is claimed by another kvchaos stack "
+                         f"({holder(port) or 'a claim that just ended'}); it would take the port from "
+                         f"that stack, or lose it: unset {name} (a free port is picked) or choose another")
+    return ports
 
 
 def port_owner(run_dir: Path | None) -> str | None:
@@ -552,7 +601,7 @@ class StackSpec:
 
 def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
                run_dir: Path | None = None, require_commands: bool = True,
-               allocate_ports: bool = True) -> StackSpec:
+               allocate_ports: bool = True, refuse_claimed: bool = True) -> StackSpec:
     """Load, interpolate and validate a stack file.
 
     Args:
@@ -560,8 +609,11 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
         environ: variables (``os.environ`` when None); unset ``*_PORT`` ones are allocated.
         run_dir: the stack's scratch folder (``${KVCHAOS_RUN_DIR}``).
         require_commands: every service must have a ``command`` (LocalStack runs it).
-        allocate_ports: pick free ports for taken defaults (False: keep defaults, e.g. for
-            ``kvchaos validate``).
+        allocate_ports: pick free ports for taken defaults and claim every port (False: keep
+            defaults and claim nothing, e.g. for ``kvchaos validate``).
+        refuse_claimed: a ``*_PORT`` variable set in ``environ`` whose port another kvchaos
+            stack claims is a StackError (False: the ports are this stack's own, e.g. a stack
+            re-attached from its state; see :func:`resolve_variables`).
 
     Returns:
         The :class:`StackSpec`.
@@ -571,6 +623,8 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
             unknown ``depends_on`` target, a dependency cycle, a missing command, or an
             ``x-kvchaos`` entry naming a service that does not exist. The message names the
             file and line, and the service where there is one.
+        StackError: a set ``*_PORT`` variable names a port another kvchaos stack claims.
+        OSError: no free port could be claimed (chaos/stack/ports.py ``pick_port``).
     """
     path = Path(path)
     name = str(path)
@@ -580,7 +634,8 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
         found = "a mapping without `services:`" if isinstance(raw, dict) else kind_of(raw)
         raise ConfigError(name, locator.line_of(()), None, "not a stack file: expected a compose-format "
                           f"mapping with `services:` (and `x-kvchaos:`), found {found}")
-    env = resolve_variables(raw, environ=environ, run_dir=run_dir, allocate_ports=allocate_ports)
+    env = resolve_variables(raw, environ=environ, run_dir=run_dir, allocate_ports=allocate_ports,
+                            refuse_claimed=refuse_claimed)
     problems: list[ConfigError] = []
 
     def bad_var(p: tuple, exc: InterpolationError) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -77,6 +78,31 @@ def test_restart_after_brings_it_back_before_heal(stack):
     healed = f.heal(ctx)
     assert healed["restarted_by"] == "timer" and healed["timer_error"] is None
     assert healed["down_s"] >= 0.3
+    assert f.evidence(ctx)["bit"] is True
+
+
+@pytest.mark.slow
+def test_a_timer_restart_that_failed_makes_heal_raise_after_restarting(stack):
+    """Another process took the port while the service was down: the timer's restart fails. Heal
+    starts it again once the port is free, and still raises: the stack ran without the service
+    (and with a failed process) between the two, which no scenario describes."""
+    f = fault("kill", service="web", restart_after="500ms")
+    ctx = FaultContext(stack=stack)
+    f.apply(ctx)
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the probes' connections in TIME_WAIT
+    try:
+        squatter.bind(("127.0.0.1", int(stack.env["WEB_PORT"])))
+        squatter.listen()
+        deadline = time.monotonic() + 30
+        while f._restarted_at is None and time.monotonic() < deadline:  # the timer has run
+            time.sleep(0.05)
+    finally:
+        squatter.close()
+    with pytest.raises(RuntimeError, match=r"restart of service 'web' 0.5s after the kill failed \(StackError: "
+                                           r"service 'web' exited"):
+        f.heal(ctx)
+    assert web_answers(stack) and stack.status()["web"].state == "running"
     assert f.evidence(ctx)["bit"] is True
 
 

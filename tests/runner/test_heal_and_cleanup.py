@@ -138,3 +138,72 @@ def test_signal_mid_fault_heals_and_keeps_the_report(env, tmp_path, sig, times):
     assert (runs[0] / "result.json").exists() and (runs[0] / "report.html").exists()
     assert not any(alive(e) for e in procs)
     assert list(all_journals(state / "journal")) == []
+
+
+# Started by a hook fault while redis is killed: another program takes redis's port (detached, so
+# it outlives the hook; its pid goes to a file for the test to end it).
+SQUAT = """import subprocess, sys
+srv = ("import socket, sys\\ns = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\\n"
+       "print('listening', flush=True)\\nwhile True:\\n    c, _ = s.accept(); c.sendall(b'+PONG\\\\r\\\\n'); c.close()\\n")
+p = subprocess.Popen([sys.executable, '-c', srv, sys.argv[1]], stdout=subprocess.PIPE, text=True,
+                     start_new_session=True)
+assert p.stdout.readline().strip() == 'listening'
+open(sys.argv[2], 'w').write(str(p.pid))
+"""
+
+
+def test_a_heal_that_fails_is_an_infrastructure_error(env, tmp_path):
+    """Redis is killed and restarted by its fault; meanwhile another program binds its port, so
+    the restart fails. That heal's error is an infrastructure error (exit 3, verdict unknown,
+    `error` naming the fault, the service, the port and the other process), not a liveness
+    failure of the system under test: the next phase does not run, the other fault is still
+    healed, the failed fault's evidence is recorded and the report written."""
+    squat, pidfile = tmp_path / "squat.py", tmp_path / "squatter.pid"
+    squat.write_text(SQUAT)
+    scenario = tmp_path / "heal-fails.yaml"
+    scenario.write_text(f"""
+name: heal-fails
+stack: {DATA / 'proxy-redis.yml'}
+seed: 1
+phases:
+  - name: down
+    requests: 0
+    faults:
+      - {{kind: latency, name: slow-link, link: cache-link, latency_ms: 5, start: 0s, until: end}}
+      - {{kind: kill, name: kill-redis, service: redis, signal: SIGKILL, restart_after: 1s, duration: 2s}}
+      - kind: hook
+        name: squatter
+        service: redis
+        start: 300ms
+        duration: 1s
+        apply: {{argv: [{sys.executable}, {squat}, "${{REDIS_PORT}}", {pidfile}]}}
+        evidence: {{argv: ["true"]}}
+  - name: after
+    requests: 0
+    duration: 1s
+checks:
+  liveness: {{}}
+  evidence: {{}}
+""")
+    try:
+        r = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir",
+                            str(tmp_path / "reports")], env=env, capture_output=True, text=True, timeout=300)
+        squatter = int(pidfile.read_text())
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out[-3000:]
+    (run,) = [d for d in (tmp_path / "reports").iterdir() if d.name.startswith("heal-fails")]
+    result = json.loads((run / "result.json").read_text())
+    assert result["verdict"] == "unknown" and result["exit_code"] == 3 and not result["checks"], result
+    error = result["error"]
+    port = env["REDIS_PORT"]
+    assert error.startswith("heal of fault kill-redis (kill) failed: StackError: service 'redis'"), error
+    assert f"port {port} (REDIS_PORT)" in error and f"pid {squatter}" in error, error
+    history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert not [op for op in history if op.get("phase") == "after"]  # no phase after the failed heal
+    heals = {op["fault_id"]: op for op in history if op["f"] == "heal" and op["type"] != "invoke"}
+    assert heals["slow-link"]["type"] == "ok" and heals["slow-link"]["value"]["removed"] is True
+    assert heals["kill-redis"]["type"] == "fail" and heals["kill-redis"]["value"]["evidence"]["bit"] is True
+    assert (run / "report.html").exists() and (run / "junit.xml").exists()

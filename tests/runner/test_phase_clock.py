@@ -101,3 +101,44 @@ def test_a_trigger_needs_the_evidence_check():
             {"name": "t", "stack": "s.yml", "checks": {"liveness": {}},
              "phases": [{"name": "p", "trigger": {"log": "x", "service": "engine"}}]},
             context={"check_paths": False})
+
+
+
+def test_a_failed_heal_is_raised_records_its_evidence_and_stops_the_requests(tmp_path):
+    """A heal that raises leaves a stack that is not the scenario's: the phase's requests stop
+    (none is sent to it any more), HealFailed names the fault and the error, and the failed heal
+    still records the fault's evidence."""
+    from chaos.runner.run import HealFailed
+
+    history = HistoryWriter(None)
+    s = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml",
+         "workload": {"families": 1, "prefix_tokens": 8, "suffix_tokens": 2, "requests": 400,
+                      "concurrency": 1, "max_tokens": 2},
+         "phases": [{"name": "p", "faults": [{"kind": "hook", "name": "bad-heal", "service": "engine",
+                                              "apply": {"argv": ["true"]}, "heal": {"argv": ["false"]},
+                                              "evidence": {"argv": ["true"]}, "duration": 0.3}]}],
+         "checks": {"evidence": {}}}, context={"check_paths": False})
+
+    async def go() -> None:
+        engine = EngineDouble()
+        await engine.start()
+        client = CompletionClient(engine.url, history=history)
+        nemesis = Nemesis(FaultContext(history=history), history, Journal("heal-fails", tmp_path), None)
+        try:
+            with pytest.raises(HealFailed) as err:
+                await _run_phase(s, s.phases[0], nemesis, client, 30)
+            assert err.value.fault_id == "bad-heal" and "exited 1" in err.value.error, err.value
+            assert str(err.value).startswith("heal of fault bad-heal (hook) failed: RuntimeError: hook heal:")
+            assert nemesis.applied[0].heal_ok is False
+            assert nemesis.heal_all() == []  # healed once (and failed): not again
+        finally:
+            await client.aclose()
+            await engine.stop()
+
+    asyncio.run(go())
+    fail = [op for op in history.ops if op.f == "heal" and op.type == "fail"]
+    assert len(fail) == 1 and fail[0].value["evidence"]["bit"] is True, fail
+    sent = [op.time for op in history.ops if op.f == "complete" and op.type == "invoke"]
+    assert len(sent) < 400
+    assert not [t for t in sent if t > fail[0].time + 0.1], "requests were sent after the heal failed"

@@ -92,3 +92,21 @@ def test_chaos_items_run_in_kvchaos_run_order() -> None:
     got = [line.split("::")[0] for line in out.splitlines() if "::" in line]
     want = [str(p.relative_to(repo)) for p in discover_scenarios(repo / "scenarios")]
     assert got == want
+
+
+def test_a_heal_that_fails_could_not_run_and_is_never_an_expected_failure(tmp_path):
+    """A fault whose heal raised leaves a stack that is not the scenario's: the item fails as
+    "could not run" (an infrastructure error), never XFAIL, skipped or passed, whatever the checks
+    would have said."""
+    scen = tmp_path / "scenarios"
+    scen.mkdir()
+    shutil.copy(DATA / "proxy-redis-idle.yml", scen / "proxy-redis-idle.yml")
+    (scen / "bad-heal.yaml").write_text(
+        "name: bad-heal\nstack: proxy-redis-idle.yml\nxfail: {reason: a known bug}\nphases:\n  - name: hold\n"
+        "    requests: 0\n    faults:\n      - {kind: hook, name: bad-heal, service: redis, apply: {argv: ['true']},"
+        " heal: {argv: ['false']}, evidence: {argv: ['true']}, duration: 1s}\n  - name: later\n    requests: 0\n"
+        "checks:\n  evidence: {}\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = scenarios\n")
+    r = pytest_in(tmp_path, "-m", "chaos", "-rA")
+    assert "1 failed" in r.stdout, r.stdout + r.stderr
+    assert "could not run: heal of fault bad-heal (hook) failed: RuntimeError: hook heal:" in r.stdout, r.stdout

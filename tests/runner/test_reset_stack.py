@@ -40,6 +40,9 @@ def test_reset_with_a_link_port_taken_is_a_stack_error(tmp_path: Path) -> None:
         with pytest.raises(StackError, match="could not create the proxy links") as info:
             reset_stack(stack)
         assert info.value.service == "toxiproxy"
+        # The link, its port variable, the port and who holds it (this test's process).
+        assert (f"link 'cache-link': port {port} (REDIS_PROXY_PORT) is held by pid {os.getpid()} ("
+                in str(info.value)), str(info.value)
     finally:
         taker.close()
         stack.down()

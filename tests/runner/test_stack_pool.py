@@ -1,21 +1,27 @@
-"""StackPool: a stack that did not come up is not handed to the next scenario."""
+"""StackPool: a stack that did not come up is not handed to the next scenario; whatever fails
+while a stack is built is an infrastructure error (a StackError, a report, exit 3); the port
+variables a stack was given are claimed for it, and the pool's own rebuilds never refuse them."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from chaos.runner.stacks import StackPool
+from chaos.stack import ports
 from chaos.stack.base import StackError
+from chaos.stack.spec import free_port
 
 
-def test_a_stack_whose_up_failed_is_started_afresh_for_the_next_scenario(tmp_path):
-    """Seen under --backend compose on a shared host: the first scenario's stack lost a port
-    (exit 3, right), and the second scenario ran on that never-started stack and got a failed
-    liveness check (20/20 requests: connection refused): a check verdict for an infrastructure
-    error."""
-    marker = tmp_path / "may-start"
+def starts_once_allowed(tmp_path, marker):
+    """A stack file (``tmp_path/stack.yml``) whose service exits 3 until ``marker`` exists."""
     stack_file = tmp_path / "stack.yml"
     stack_file.write_text(textwrap.dedent(f"""
         services:
@@ -26,6 +32,16 @@ def test_a_stack_whose_up_failed_is_started_afresh_for_the_next_scenario(tmp_pat
               interval: 100ms
               retries: 100
     """))
+    return stack_file
+
+
+def test_a_stack_whose_up_failed_is_started_afresh_for_the_next_scenario(tmp_path):
+    """Seen under --backend compose on a shared host: the first scenario's stack lost a port
+    (exit 3, right), and the second scenario ran on that never-started stack and got a failed
+    liveness check (20/20 requests: connection refused): a check verdict for an infrastructure
+    error."""
+    marker = tmp_path / "may-start"
+    stack_file = starts_once_allowed(tmp_path, marker)
     pool = StackPool("local", tmp_path / "stacks")
     try:
         with pytest.raises(StackError):
@@ -34,4 +50,65 @@ def test_a_stack_whose_up_failed_is_started_afresh_for_the_next_scenario(tmp_pat
         stack = pool.acquire(stack_file)  # a new stack, started: not the one that failed
         assert stack.status()["web"].state == "running"
     finally:
+        pool.close()
+
+
+def test_any_error_while_a_stack_is_built_is_a_stack_error(tmp_path, monkeypatch):
+    """pick_port's OSError (and any other exception but a ConfigError) used to escape the pool:
+    a traceback and no report, instead of an infrastructure error."""
+    def no_port(*_a, **_k):
+        raise OSError("could not find a free port to claim")
+
+    monkeypatch.setattr(ports, "pick_port", no_port)
+    stack_file = starts_once_allowed(tmp_path, tmp_path / "may-start")
+    pool = StackPool("local", tmp_path / "stacks")
+    try:
+        with pytest.raises(StackError, match="OSError: could not find a free port to claim"):
+            pool.acquire(stack_file)
+    finally:
+        pool.close()
+
+
+def test_a_failure_to_claim_ports_ends_the_run_as_an_infrastructure_error_with_its_report(tmp_path):
+    """E.g. a claims folder that cannot be made: exit 3, the report written, no traceback."""
+    (tmp_path / "a-file").write_text("")
+    env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"),
+               KVCHAOS_PORT_CLAIMS_DIR=str(tmp_path / "a-file" / "claims"))
+    scenario = Path(__file__).parent / "data" / "hold-latency.yaml"
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(tmp_path / "r")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3 and "Traceback" not in out, out[-3000:]
+    (run,) = [d for d in (tmp_path / "r").iterdir() if d.name.startswith("hold-latency")]
+    result = json.loads((run / "result.json").read_text())
+    assert result["verdict"] == "unknown" and "a-file/claims" in result["error"], result["error"]
+    assert (run / "report.html").exists()
+
+
+def test_a_pool_never_refuses_its_own_ports(tmp_path, monkeypatch):
+    """A port variable the user set is claimed for the stack; the pool's own rebuilds of that stack
+    (a restart after a disruptive scenario, a fresh stack after one that did not start) reuse it,
+    and only another stack is refused it."""
+
+    port = free_port()
+    monkeypatch.setenv("WEB_PORT", str(port))
+    marker = tmp_path / "may-start"
+    stack_file = starts_once_allowed(tmp_path, marker)
+    pool = StackPool("local", tmp_path / "stacks")
+    other = StackPool("local", tmp_path / "other")
+    try:
+        with pytest.raises(StackError):
+            pool.acquire(stack_file)  # did not start: forgotten, its claims dropped
+        marker.touch()
+        stack = pool.acquire(stack_file)
+        assert stack.env["WEB_PORT"] == str(port) and stack.status()["web"].state == "running"
+        pool.release(stack_file, SimpleNamespace(faults=[], checks=[], error="a disruptive scenario"))
+        assert pool.acquire(stack_file) is stack  # restarted on its own claims
+        assert stack.status()["web"].state == "running"
+        with pytest.raises(StackError, match=rf"WEB_PORT={port}: .*claimed by another kvchaos stack"):
+            other.acquire(stack_file)
+        pool.close()  # its stacks down, their claims dropped: a later pool may set the port
+        assert other.acquire(stack_file).env["WEB_PORT"] == str(port)
+    finally:
+        other.close()
         pool.close()

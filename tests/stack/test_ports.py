@@ -1,10 +1,13 @@
-"""Host-safe ports and identity: claims that hold across processes, state dirs and owners; a
-health probe that accepts only the process the stack started; a lost bind is exit 3 naming the
-service, the port and the other process."""
+"""Host-safe ports and identity: claims that hold across processes, state dirs, owners, users
+and umasks; a port is free only when nothing listens on it on any address; a port variable the
+user set is claimed, and refused (exit 3, naming the holder) when another kvchaos stack holds it;
+a health probe that accepts only the process the stack started; a lost bind, or a link port
+another process holds, is exit 3 naming the service or link, the port and the other process."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +19,8 @@ import pytest
 
 from chaos.stack import ports
 from chaos.stack.base import StackError
-from chaos.stack.spec import free_port, load_stack
+from chaos.stack.spec import free_port, load_stack, port_is_free
+from chaos.stack.local import LocalStack
 from kvchaos_support import local_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,15 +106,21 @@ IMPOSTOR = ("import http.server, sys\n"
             "s.serve_forever()\n")
 
 
-@pytest.fixture
-def impostor():
-    """Another program listening on a port (and answering every health check with 200)."""
+def child_on_a_port(code: str, ready: str):
+    """A Python child running ``code`` with a free port as its argument, from the moment it
+    printed ``ready`` until the generator ends: yields ``(port, pid)``."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(port)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "listening"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == ready
     yield port, proc.pid
     proc.kill()
     proc.wait()
+
+
+@pytest.fixture
+def impostor():
+    """Another program listening on a port (and answering every health check with 200)."""
+    yield from child_on_a_port(IMPOSTOR, "listening")
 
 
 def web_stack(command: str) -> str:
@@ -206,3 +216,216 @@ def test_services_of_the_stack_may_hold_each_others_ports(tmp_path):
         assert {n: s.state for n, s in stack.status().items()} == {"server": "running", "client": "running"}
     finally:
         stack.down()
+
+
+def test_a_link_port_held_by_another_process_names_the_link_the_variable_the_port_and_the_holder(tmp_path, impostor):
+    """The proxy's answer alone ("listen tcp 127.0.0.1:N: bind: address already in use") names
+    neither the link nor who holds the port."""
+    port, pid = impostor
+    stack = LocalStack(REPO / "tests" / "runner" / "data" / "proxy-redis.yml", run_dir=tmp_path / "run",
+                       environ={**os.environ, "REDIS_PROXY_PORT": str(port)})
+    with pytest.raises(StackError) as err:
+        stack.up()
+    msg = str(err.value)
+    assert "could not create the proxy links" in msg and err.value.service == "toxiproxy", msg
+    assert f"link 'cache-link': port {port} (REDIS_PROXY_PORT) is held by pid {pid} (" in msg, msg
+    assert "http.server" in msg.split(f"pid {pid} (", 1)[1], msg  # its command line
+    assert not any(p.group_alive() for p in stack._procs.values())
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("address", ["127.0.0.2", "::1", "0.0.0.0"])
+def test_a_default_port_held_on_another_address_is_replaced_and_the_stack_starts(tmp_path, address):
+    """A listener on [::1]:PORT or 127.0.0.2:PORT is not seen by a bind on 127.0.0.1 alone: the
+    default was kept, and the identity check (which sees listeners on every address) then ended
+    the run with exit 3. A port is free only when nothing listens on it on any address."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    if family == socket.AF_INET6 and not _has_ipv6_loopback():
+        pytest.skip("no IPv6 loopback")
+    with socket.socket(family) as other:
+        other.bind((address, 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert not ports.is_free(port) and not port_is_free(port)
+        stack = local_stack(tmp_path, web_stack(f'[python, -m, http.server, "${{WEB_PORT:-{port}}}", --bind, 127.0.0.1]')
+                            .replace("${WEB_PORT}", f"${{WEB_PORT:-{port}}}"))
+        assert stack.env["WEB_PORT"] != str(port)
+        try:
+            stack.up()
+            assert stack.status()["web"].state == "running"
+        finally:
+            stack.down()
+
+
+@pytest.fixture
+def claims(monkeypatch):
+    """A claims folder of this test (mode 1777 under /tmp, as the default one), for every
+    process the test starts too."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="kvchaos-claims-", dir="/tmp"))
+    os.chmod(d, 0o1777)
+    monkeypatch.setenv("KVCHAOS_PORT_CLAIMS_DIR", str(d))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_claim_files_are_mode_0666_whatever_the_umask(claims):
+    port = free_port()
+    old = os.umask(0o077)
+    try:
+        assert ports.claim(port, "stack:umask")
+    finally:
+        os.umask(old)
+        ports.release([port], "stack:umask")
+    assert (claims / str(port)).stat().st_mode & 0o777 == 0o666
+
+
+def test_a_claim_file_that_cannot_be_opened_counts_as_held(claims, monkeypatch, tmp_path):
+    """Another user's claim file made under umask 077 (by a kvchaos before claim files were made
+    0666) cannot be opened at all: the port is someone else's, a default on it is replaced, and
+    nothing raises (it used to end the run with a PermissionError traceback and no report)."""
+    port = free_port()
+    unreadable = str(claims / str(port))
+    real_open = os.open
+
+    def deny(path, flags, *args, **kwargs):
+        if str(path) == unreadable:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", deny)
+    assert not ports.claim(port, "stack:other-user")
+    assert "not readable" in ports.holder(port)
+    f = tmp_path / "stack.yml"
+    f.write_text(f"services:\n  web:\n    command: [sleep, '${{WEB_PORT:-{port}}}']\n")
+    spec = load_stack(f, run_dir=tmp_path / "run")
+    assert spec.env["WEB_PORT"] != str(port)
+
+
+OTHER_USER = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("ports", sys.argv[1])
+ports = sys.modules["ports"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ports)
+print(json.dumps({"claimed": [ports.claim(int(p), "stack:nobody") for p in sys.argv[2:]],
+                  "picked": ports.pick_port("stack:nobody")}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+                    reason="needs root (to run a process as the user nobody) and /usr/bin/python3")
+def test_claim_files_of_a_umask_077_run_serve_another_user(claims):
+    """Root claims under umask 077; then the user nobody claims: a free port whose file root made
+    is claimed (the file is 0666), a port root holds is refused, an old unreadable 0600 file
+    counts as held, and a port is picked, without a traceback."""
+    free = free_port()
+    held = free_port(avoid={free})
+    old_style = free_port(avoid={free, held})
+    mask = os.umask(0o077)
+    try:
+        assert ports.claim(free, "stack:root") and ports.claim(held, "stack:root")
+        ports.release([free], "stack:root")
+        (claims / str(old_style)).touch()
+        os.chmod(claims / str(old_style), 0o600)
+        r = subprocess.run(["/usr/bin/python3", "-c", OTHER_USER, str(REPO / "chaos" / "stack" / "ports.py"),
+                            str(free), str(held), str(old_style)], capture_output=True, text=True, timeout=60,
+                           user=65534, group=65534, env={"KVCHAOS_PORT_CLAIMS_DIR": str(claims), "PATH": "/usr/bin:/bin"},
+                           cwd="/tmp")
+    finally:
+        os.umask(mask)
+        ports.release([held], "stack:root")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    got = json.loads(r.stdout)
+    assert got["claimed"] == [True, False, False], got
+    assert got["picked"] not in (held, old_style)
+
+
+HOLD_CLAIM = ("from chaos.stack import ports; import sys, time; assert ports.claim(int(sys.argv[1]), 'stack:/other/run'); "
+              "print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def claimed_elsewhere():
+    """A port another kvchaos process claims (owner ``stack:/other/run``): ``(port, pid)``."""
+    yield from child_on_a_port(HOLD_CLAIM, "held")
+
+
+def test_a_set_port_another_stack_claims_is_refused_naming_the_variable_the_port_and_the_holder(
+        tmp_path, claimed_elsewhere):
+    """Run B with REDIS_PORT set to a port run A claimed used to start anyway: B's redis took the
+    port A's engine was about to bind (A exit 3, B passed)."""
+    f = tmp_path / "stack.yml"
+    f.write_text("services:\n  web:\n    command: [sleep, '${WEB_PORT:-0}', '${OTHER_PORT:-0}']\n")
+    port, pid = claimed_elsewhere
+    with pytest.raises(StackError) as err:  # another process's claim
+        load_stack(f, run_dir=tmp_path / "b", environ={"WEB_PORT": str(port)})
+    msg = str(err.value)
+    assert f"WEB_PORT={port}" in msg and f"pid={pid}" in msg and "owner=stack:/other/run" in msg, msg
+    # Another stack of this process: its owner is named too.
+    a = load_stack(f, run_dir=tmp_path / "a", environ={})
+    mine = int(a.env["WEB_PORT"])
+    with pytest.raises(StackError, match=rf"WEB_PORT={mine}: .*pid={os.getpid()} owner=stack:{tmp_path / 'a'}"):
+        load_stack(f, run_dir=tmp_path / "b", environ={"WEB_PORT": str(mine)})
+    # What the refused stack claimed before the refusal is not kept.
+    with pytest.raises(StackError):
+        load_stack(f, run_dir=tmp_path / "b", environ={"OTHER_PORT": str(free_port()), "WEB_PORT": str(port)})
+    assert ports.owned(f"stack:{tmp_path / 'b'}") == []
+    # The same stack again (a restart, a reconfigure) and a re-attached one are never refused.
+    again = load_stack(f, run_dir=tmp_path / "a", environ=a.env)
+    assert again.env["WEB_PORT"] == str(mine)
+    attached = load_stack(f, run_dir=tmp_path / "c", environ=a.env, refuse_claimed=False)
+    assert attached.env["WEB_PORT"] == str(mine)
+    ports.release_all(f"stack:{tmp_path / 'a'}")
+    ports.release_all(f"stack:{tmp_path / 'c'}")
+
+
+def test_a_run_with_a_set_port_another_run_claims_is_exit_3_with_its_report(tmp_path, claimed_elsewhere):
+    port, pid = claimed_elsewhere
+    env = dict(os.environ, REDIS_PORT=str(port), KVCHAOS_STATE_DIR=str(tmp_path / "state"))
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(REPO / "tests" / "runner" / "data" / "hold-latency.yaml"),
+                        "--report-dir", str(tmp_path / "r")], env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3 and "Traceback" not in out, out[-3000:]
+    import json
+
+    (run,) = [d for d in (tmp_path / "r").iterdir() if d.name.startswith("hold-latency")]
+    error = json.loads((run / "result.json").read_text())["error"]
+    assert f"REDIS_PORT={port}" in error and f"pid={pid}" in error and "owner=stack:/other/run" in error, error
+    assert (run / "report.html").exists()
+    assert not (run / "history.jsonl").exists() or not (run / "history.jsonl").read_text()  # nothing started
+
+
+def test_a_detached_stack_is_reached_whoever_claims_its_ports_since(tmp_path):
+    """`kvchaos stack up` ends and its claims with it; `stack status` and `stack down` read its
+    ports from its state and must never refuse them."""
+    f = tmp_path / "stack.yml"
+    f.write_text(FAST_WEB.replace("${WEB_PORT}", "${WEB_PORT:-0}"))
+    env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
+    cli = [sys.executable, "-m", "chaos.cli", "stack"]
+    r = subprocess.run([*cli, "up", str(f)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    (state,) = (tmp_path / "state" / "stacks").glob("*/state.json")
+    port = int(json.loads(state.read_text())["env"]["WEB_PORT"])
+    assert ports.claim(port, "stack:someone-else")
+    try:
+        for cmd in ("status", "down"):
+            r = subprocess.run([*cli, cmd, str(f)], env=env, capture_output=True, text=True, timeout=120)
+            out = " ".join((r.stdout + r.stderr).split())
+            assert r.returncode == 0 and "claimed" not in out, out
+        assert "is down" in out
+    finally:
+        ports.release([port], "stack:someone-else")

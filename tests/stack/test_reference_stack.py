@@ -55,7 +55,7 @@ def test_lmcache_with_redis_and_fs_l2(tmp_path):
         assert int(keys.stdout.strip()) > 0
         assert any(Path(stack.settings.l2_fs_path).iterdir())
         groups = {n: s.detail["pgid"] for n, s in stack.status().items() if s.pid}
-        ours = stack._stack_pids()
+        ours = stack.own_pids()
     finally:
         stack.down()
     for name, pgid in groups.items():
