@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from chaos.journal import all_journals, live_owner, open_entries, state_dir
+from chaos.procid import same_process
 
 
 @dataclass
@@ -41,11 +42,10 @@ class CleanupReport:
 def _same_process(entry: dict[str, Any]) -> psutil.Process | None:
     """The journal's process if it still runs and is the same one (pid reuse guard)."""
     try:
-        p = psutil.Process(int(entry["pid"]))
-        if abs(p.create_time() - float(entry.get("create_time", 0))) > 1.0:
+        if not same_process(int(entry["pid"]), entry):
             return None
-        return p
-    except (psutil.NoSuchProcess, KeyError, ValueError):
+        return psutil.Process(int(entry["pid"]))
+    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
         return None
 
 
@@ -193,6 +193,8 @@ def _detached(journal_dir: Path) -> dict[Path, str]:
 
 
 def _owner_key(owner: dict[str, Any]) -> tuple:
+    if owner.get("start_ticks") is not None:
+        return (owner.get("host"), owner.get("pid"), owner.get("boot_id"), owner.get("start_ticks"))
     return (owner.get("host"), owner.get("pid"), round(float(owner.get("create_time") or 0), 0))
 
 

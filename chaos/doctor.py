@@ -108,6 +108,31 @@ def check_tmpfs_mount() -> Finding:
         os.rmdir(d)
 
 
+def check_real_toxiproxy() -> Finding:
+    """The real Toxiproxy for ``--proxy real`` (chaos/proxy/real.py): found and answering
+    ``-version`` as Toxiproxy does."""
+    from chaos.proxy.real import BIN_ENV, MissingToxiproxy, verified_binary
+
+    try:
+        path, version = verified_binary()
+    except MissingToxiproxy as exc:
+        return Finding("real Toxiproxy", False, str(exc)[:160],
+                       f"put toxiproxy-server on PATH or set {BIN_ENV} (the Makefile uses "
+                       "../shared/tools/toxiproxy when present)", "--proxy real")
+    return Finding("real Toxiproxy", True, f"{version} ({path})", "", "--proxy real")
+
+
+def check_ss() -> Finding:
+    """``ss`` (iproute2): socket windows and destroy events, the evidence of timeout and
+    limit_data faults on the real Toxiproxy (chaos/proxy/sockets.py)."""
+    found = shutil.which("ss") or next((p for p in ("/usr/bin/ss", "/sbin/ss", "/usr/sbin/ss", "/bin/ss")
+                                        if os.path.exists(p)), None)
+    if found is None:
+        return Finding("ss", False, "not found", "apt-get install iproute2",
+                       "network-fault evidence on the real Toxiproxy")
+    return Finding("ss", True, found, "", "network-fault evidence on the real Toxiproxy")
+
+
 def run_checks() -> list[Finding]:
     """Every check, in report order."""
     return [
@@ -119,4 +144,6 @@ def run_checks() -> list[Finding]:
         check_docker_engine(),
         check_compose(),
         check_tmpfs_mount(),
+        check_real_toxiproxy(),
+        check_ss(),
     ]

@@ -7,7 +7,8 @@ One JSON-lines file per run under the state directory (``$KVCHAOS_STATE_DIR``, d
 ``{"op": "remove", "kind": ..., "key": ...}`` once it is undone; the entries still open are
 what cleanup undoes. Kinds used across kvchaos:
 
-- ``process``: ``pid``, ``pgid``, ``create_time`` (psutil, s since epoch), ``service``
+- ``process``: ``pid``, ``pgid``, ``create_time`` (psutil, s since epoch), ``start_ticks`` and
+  ``boot_id`` (:mod:`chaos.procid`: the identity that survives a wall-clock step), ``service``
 - ``toxic``: ``api`` (Toxiproxy URL), ``proxy``, ``toxic``
 - ``proxy_disabled``: ``api``, ``proxy``
 - ``mount``: ``path``
@@ -15,7 +16,7 @@ what cleanup undoes. Kinds used across kvchaos:
 - ``compose_project``: ``project``
 
 Each process that writes to a journal first appends ``{"op": "owner", "pid", "create_time",
-"host", "argv"}``: the runner that owns the entries after it. ``kvchaos cleanup`` undoes only
+"start_ticks", "boot_id", "host", "argv"}``: the runner that owns the entries after it. ``kvchaos cleanup`` undoes only
 journals none of whose owners still runs (:func:`live_owner`), so it never tears down a live
 run; a live one is skipped and named, and ``--force RUN_ID`` undoes it anyway.
 """
@@ -34,8 +35,7 @@ from typing import Any
 
 import psutil
 
-#: Seconds two process start times may differ and still be the same process (psutil rounds).
-START_TIME_TOLERANCE_S = 1.0
+from chaos.procid import identity, same_process
 
 
 def state_dir() -> Path:
@@ -102,14 +102,11 @@ _OWN: dict[str, Any] = {}
 
 def owner_record() -> dict[str, Any]:
     """This process as a journal owner: ``{"op": "owner", "pid", "create_time" (s since epoch,
-    psutil), "host", "argv" (the first words of the command line)}``."""
+    psutil), "start_ticks", "boot_id" (:func:`chaos.procid.identity`), "host", "argv" (the
+    first words of the command line)}``."""
     if _OWN.get("pid") != os.getpid():
-        try:
-            created = psutil.Process().create_time()
-        except psutil.Error:
-            created = 0.0
         _OWN.clear()
-        _OWN.update({"op": "owner", "pid": os.getpid(), "create_time": created, "host": socket.gethostname(),
+        _OWN.update({"op": "owner", "pid": os.getpid(), **identity(os.getpid()), "host": socket.gethostname(),
                      "argv": " ".join(sys.argv[:4])[:200]})
     return dict(_OWN)
 
@@ -126,15 +123,15 @@ def owners(path: Path) -> list[dict[str, Any]]:
 
 def owner_alive(owner: dict[str, Any]) -> bool:
     """Whether the process an owner line names still runs: same host, same pid, same start
-    time (a pid reused by another process is not the owner). A line from another host counts
+    (:func:`chaos.procid.same_process`: a pid reused by another process is not the owner, and a
+    step of the wall clock does not make the owner a stranger). A line from another host counts
     as alive: it cannot be checked from here."""
     if owner.get("host") and owner.get("host") != socket.gethostname():
         return True
     try:
-        p = psutil.Process(int(owner["pid"]))
-        if abs(p.create_time() - float(owner.get("create_time") or 0)) > START_TIME_TOLERANCE_S:
+        if not same_process(int(owner["pid"]), owner):
             return False
-        return p.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(int(owner["pid"])).status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
         return False
 

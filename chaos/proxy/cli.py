@@ -79,6 +79,11 @@ def serve(
         except MissingToxiproxy as exc:
             typer.echo(f"kvchaos proxy: {exc}", err=True)
             raise typer.Exit(2) from None
+        import shlex
+        import sys
+
+        # the service log then says which server answered (the real one writes its own lines)
+        print(f"kvchaos proxy: exec {shlex.join(argv)}", file=sys.stderr, flush=True)
         os.execv(argv[0], argv)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -15,11 +15,15 @@ engine's image.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
-__all__ = ["PROXY_IMPLS", "BIN_ENV", "PROXY_ENV", "find_binary", "real_argv", "selected_impl",
+__all__ = ["PROXY_IMPLS", "BIN_ENV", "PROXY_ENV", "find_binary", "binary_version", "verified_binary",
+           "real_argv", "selected_impl",
            "MissingToxiproxy", "asks_for_real", "use_proxy", "PROXY_OPTION_HELP"]
 
 #: The values of the stack variable ``KVCHAOS_PROXY`` (and of ``--proxy``).
@@ -59,6 +63,49 @@ def find_binary(environ: dict[str, str] | None = None) -> Path:
         return Path(found).resolve()
     raise MissingToxiproxy(f"the real Toxiproxy was asked for (--proxy real / {PROXY_ENV}=real) but "
                            f"{BIN_NAME} is not on PATH; set {BIN_ENV} to its path")
+
+
+@functools.lru_cache(maxsize=8)
+def _version_of(path: str, mtime_ns: int) -> str:
+    try:
+        out = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MissingToxiproxy(f"{path}: cannot run it ({exc})") from None
+    text = (out.stdout + out.stderr).strip()
+    m = re.search(r"toxiproxy\S*\s+version\s+v?(\d+\.\d+\S*)", text, re.IGNORECASE)
+    if out.returncode != 0 or m is None:
+        raise MissingToxiproxy(f"{path} is not Toxiproxy: `{Path(path).name} -version` exited "
+                               f"{out.returncode} and printed {text[:200]!r} (Toxiproxy prints "
+                               "'toxiproxy-server version X.Y.Z')")
+    return m.group(1)
+
+
+def binary_version(binary: Path) -> str:
+    """The version the real server reports (``2.9.0`` from ``toxiproxy-server -version``,
+    which prints ``toxiproxy-server version 2.9.0``: Toxiproxy's ``cmd/server/server.go``);
+    cached per path and modification time.
+
+    Raises:
+        MissingToxiproxy: it does not run, or does not answer ``-version`` as Toxiproxy does (a
+            wrong file named by ``$KVCHAOS_TOXIPROXY_BIN`` fails here, before any stack starts,
+            not as a proxy that never becomes healthy).
+    """
+    try:
+        mtime = Path(binary).stat().st_mtime_ns
+    except OSError as exc:
+        raise MissingToxiproxy(f"{binary}: {exc}") from None
+    return _version_of(str(binary), mtime)
+
+
+def verified_binary(environ: dict[str, str] | None = None) -> tuple[Path, str]:
+    """:func:`find_binary` (an absolute path) and its :func:`binary_version`.
+
+    Raises:
+        MissingToxiproxy: no binary, or one that is not Toxiproxy.
+    """
+    path = find_binary(environ)
+    return path, binary_version(path)
 
 
 def real_argv(host: str, port: int, *, seed: int | None = None, config: Path | None = None,

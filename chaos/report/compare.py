@@ -8,7 +8,8 @@ Each folder holds run folders (``<run-id>/result.json``, as ``kvchaos run --repo
 ``pytest -m chaos --kvchaos-report-dir`` write them). A scenario that ran more than once in a
 folder counts with its last run. Prints one line per scenario whose verdict (or exit code)
 differs, or that ran in only one folder, and, with ``--require-bitten``, every fault that did
-not bite; exit status 0 when there is none, 1 otherwise, 2 when a folder holds no run.
+not bite; first it prints which proxy served each folder's runs (result.json ``proxy``), so a
+comparison of the bundled proxy with the real one shows that the real one ran; exit status 0 when there is none, 1 otherwise, 2 when a folder holds no run.
 
 With ``--expected`` each folder is held against what the catalogue says instead of against
 another run: a scenario without ``xfail`` must pass, a scenario with ``xfail`` (a known bug of
@@ -24,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ScenarioOutcome", "load_outcomes", "compare", "false_verdicts", "main"]
+__all__ = ["ScenarioOutcome", "load_outcomes", "compare", "false_verdicts", "proxy_label", "proxies", "main"]
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ScenarioOutcome:
     error: str | None = None
     total_s: float | None = None
     xfail: bool = False
+    proxy: str = ""  # "real 2.9.0", "bundled 0.1.0"; "" for a run that recorded none
 
     @property
     def key(self) -> tuple[str, int]:
@@ -62,11 +64,27 @@ def load_outcomes(report_dir: Path) -> dict[str, ScenarioOutcome]:
                for f in r.get("faults") or [] if not f.get("bit")]
         o = ScenarioOutcome(r["scenario"], r["verdict"], int(r.get("exit_code", -1)), r.get("run_id", path.parent.name),
                             r.get("started_at") or "", bad, r.get("error"),
-                            (r.get("durations") or {}).get("total_s"), r.get("xfail") is not None)
+                            (r.get("durations") or {}).get("total_s"), r.get("xfail") is not None,
+                            proxy_label(r.get("proxy")))
         prev = out.get(o.scenario)
         if prev is None or o.started_at >= prev.started_at:
             out[o.scenario] = o
     return out
+
+
+def proxy_label(proxy: dict | None) -> str:
+    """``"real 2.9.0"`` from result.json's ``proxy`` (``Stack.proxy_info``); "" when absent."""
+    if not isinstance(proxy, dict):
+        return ""
+    return " ".join(str(x) for x in (proxy.get("impl"), proxy.get("version")) if x)
+
+
+def proxies(outcomes: dict[str, ScenarioOutcome]) -> str:
+    """``"real 2.9.0 (14 runs)"``, or each label with its count when a folder mixes proxies."""
+    counts: dict[str, int] = {}
+    for o in outcomes.values():
+        counts[o.proxy or "none recorded"] = counts.get(o.proxy or "none recorded", 0) + 1
+    return ", ".join(f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in sorted(counts.items()))
 
 
 def compare(a: dict[str, ScenarioOutcome], b: dict[str, ScenarioOutcome],
@@ -120,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         if not outcomes:
             print(f"error: no run (*/result.json) in {folder}", file=sys.stderr)
             return 2
+    for folder, outcomes in zip(args, got):
+        mixed = len({o.proxy for o in outcomes.values()}) > 1
+        print(f"{folder}: proxy {proxies(outcomes)}" + ("  <- more than one proxy in one folder" if mixed else ""))
     if expected:
         total = 0
         for folder, outcomes in zip(args, got):

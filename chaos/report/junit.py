@@ -31,7 +31,9 @@ def run_testsuite(result: RunResult) -> ET.Element:
     props = ET.SubElement(suite, "properties")
     for k, v in (("run_id", result.run_id), ("seed", result.seed), ("verdict", result.verdict),
                  ("exit_code", result.exit_code), ("scenario_path", result.scenario_path),
-                 ("xfail", result.xfail.reason if result.xfail else None)):
+                 ("xfail", result.xfail.reason if result.xfail else None),
+                 ("proxy", " ".join(str(result.proxy[k]) for k in ("impl", "version") if result.proxy.get(k))
+                  if result.proxy else None)):
         if v is not None:
             ET.SubElement(props, "property", name=k, value=str(v))
     classname = f"kvchaos.{result.scenario}"

@@ -128,6 +128,9 @@ class RunResult(BaseModel):
     description: str = ""
     scenario_path: str | None = None
     stack: str | None = None
+    #: The fault proxy that served the run (chaos/stack/base.py ``Stack.proxy_info``): impl
+    #: bundled / real / external, its version, binary or image, API address.
+    proxy: dict[str, str] | None = None
     seed: int | None = None
     started_at: str | None = None
     verdict: RunVerdict

@@ -64,7 +64,8 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
                  durations: Durations | dict | None = None,
                  service_exits: Iterable[ServiceExit | dict] = (), engine_bugs: Iterable[str] = (),
                  error: str | None = None, chunk_size: int = 256,
-                 interrupted: InterruptInfo | dict | None = None) -> RunResult:
+                 interrupted: InterruptInfo | dict | None = None,
+                 proxy: dict[str, str] | None = None) -> RunResult:
     """Build result.json's model for one run.
 
     Args:
@@ -78,6 +79,7 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
         chunk_size: LMCache chunk size in tokens, for the hit statistics.
         interrupted: a signal stopped the run (chaos/interrupts.py); forces verdict
             "interrupted" and exit code 128 + the signal's number (its ``exit_code``).
+        proxy: the stack's fault proxy (``Stack.proxy_info``), recorded as is.
     Returns:
         RunResult with verdict = combine(checks), stats, faults, phases and exit_code.
     """
@@ -94,7 +96,7 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
         durations = Durations.model_validate(durations)
     return RunResult(
         run_id=run_id, scenario=scenario, description=description, scenario_path=scenario_path,
-        stack=stack, seed=seed, started_at=started_at, verdict=verdict,
+        stack=stack, proxy=proxy, seed=seed, started_at=started_at, verdict=verdict,
         exit_code=interrupted.exit_code if interrupted else exit_code(verdict, xf, error), checks=list(checks),
         stats=compute_stats(ops, deadline_s, chunk_size=chunk_size,
                             matches=output_matches_from_checks(checks, ops)), faults=faults_from_history(ops),

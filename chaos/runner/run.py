@@ -516,13 +516,17 @@ def _write(scenario: Scenario, stack: Stack, run_dir: Path, run_id: str, history
     """Build the result and write the report (result.json, history, junit, html, logs)."""
     history.close()
     durations = {"total_s": time.monotonic() - t0}
+    try:
+        proxy = stack.proxy_info()
+    except Exception as exc:  # noqa: BLE001 - never lose the report for a label
+        proxy = {"impl": "unknown", "error": str(exc)[:200]}
     result = build_result(
         run_id=run_id, scenario=scenario.name, history=history.ops, checks=checks, seed=scenario.seed,
         description=scenario.description, scenario_path=str(scenario.source) if scenario.source else None,
         stack=str(stack.spec.path), started_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         deadline_s=deadline, xfail=scenario.xfail, durations=durations,
         service_exits=snapshots.service_exits, engine_bugs=scenario.engine.bugs, error=error,
-        chunk_size=stack.settings.chunk_size or 256, interrupted=info)
+        chunk_size=stack.settings.chunk_size or 256, interrupted=info, proxy=proxy)
     try:
         stack.collect_logs(run_dir / "logs")
     except OSError as exc:  # a missing log must not lose the report

@@ -287,9 +287,115 @@ class Stack(abc.ABC):
             raise StackError(f"could not create the proxy links on {proxy.api}: {exc}{why}", proxy.service) from exc
 
     def own_pids(self) -> set[int] | None:
-        """The live pids of every process this stack started (each service's process group);
-        None where the backend cannot tell (containers)."""
+        """The live host pids of every process this stack started (each service's process
+        group, each container's processes); None where the backend cannot tell."""
         return None
+
+    def proxy_info(self) -> dict[str, str] | None:
+        """Which fault proxy serves this stack's links, for reports: ``{"impl": "bundled" |
+        "real" | "external" | <program>, "api": URL, "version": ..., "binary" or "image": ...}``;
+        None when the stack has no proxy. Never raises: what cannot be told is left out."""
+        proxy = self.settings.proxy
+        if proxy is None:
+            return None
+        info = {"api": str(proxy.api)}
+        if proxy.service is None:
+            return {**info, "impl": "external"}
+        try:
+            info.update(self._proxy_info(proxy.service))
+        except Exception as exc:  # noqa: BLE001 - a report must not be lost for this
+            info["impl"] = info.get("impl", "unknown")
+            info["error"] = str(exc)[:200]
+        return info
+
+    def _proxy_info(self, service: str) -> dict[str, str]:
+        """The proxy service's ``impl``/``version``/``binary`` from its command (the local
+        backend's view; the compose backend reads its container's image)."""
+        from pathlib import Path as _Path
+
+        import chaos
+        from chaos.proxy.real import asks_for_real, binary_version, find_binary
+
+        argv = self.spec.services[service].argv(self.backend)
+        if asks_for_real(argv):
+            binary = find_binary(self.env)
+            return {"impl": "real", "version": binary_version(binary), "binary": str(binary)}
+        if len(argv) >= 3 and _Path(argv[0]).name == "kvchaos" and argv[1:3] == ["proxy", "serve"]:
+            return {"impl": "bundled", "version": chaos.__version__}
+        return {"impl": _Path(argv[0]).name if argv else "unknown"}
+
+    def service_pids(self, name: str) -> set[int] | None:
+        """The live host pids of service ``name`` (its process group, or its container's
+        processes); None where the backend cannot tell, or the service's sockets are not in the
+        host's network namespace (then no listener seen from here can be checked against it)."""
+        return None
+
+    def service_log_tail(self, name: str) -> str:
+        """The last lines of service ``name``'s log, for error messages ("" when there is none)."""
+        return ""
+
+    def service_ports(self, name: str) -> dict[int, str]:
+        """``{port: variable}`` of the stack's ``*_PORT`` variables that the service's command
+        (under this backend) names: the ports it binds, and those it connects to."""
+        import re
+
+        argv = " ".join(self.spec.services[name].argv(self.backend))
+        out = {}
+        for var, value in self.env.items():
+            if var.endswith("_PORT") and value.isdigit() and re.search(rf"(?<![0-9]){value}(?![0-9])", argv):
+                out[int(value)] = var
+        return out
+
+    def foreign_listeners(self, name: str) -> list[str]:
+        """For each port the service's command names, the listeners no process of this stack
+        owns: ``["port 28100 (ENGINE_PORT) is held by pid 123 (kvchaos engine serve ...)"]``;
+        [] where the backend cannot tell its own processes (:meth:`own_pids` None)."""
+        from chaos.stack.probe import listeners
+
+        found: list[str] = []
+        ours: set[int] | None = None
+        for port, var in sorted(self.service_ports(name).items()):
+            owners = listeners(port)
+            if not owners:
+                continue
+            if ours is None:
+                ours = self.own_pids()
+                if ours is None:
+                    return []
+            foreign = [o for o in owners if o.pid not in ours]
+            if foreign:
+                found.append(f"port {port} ({var}) is held by " + ", ".join(o.describe() for o in foreign))
+        return found
+
+    def check_identity(self, name: str, url: str) -> None:
+        """After a health probe of ``url`` passed: the socket listening on its port must belong
+        to service ``name``'s own processes (:meth:`service_pids`); else another process
+        answered (a concurrent stack, another program) and the stack must not go on with it.
+        Skipped for remote addresses and where the backend cannot tell (:meth:`service_pids`
+        None).
+
+        Raises:
+            StackError: naming the service, the port (and its variable) and the process that
+                holds it.
+        """
+        from chaos.stack.probe import is_local_host, listeners, url_host_port
+
+        host, port = url_host_port(url)
+        if port is None or not is_local_host(host):
+            return  # a remote address: its listener is not visible from here
+        mine = self.service_pids(name)
+        if mine is None:
+            return
+        owners = listeners(port)
+        if any(o.pid in mine for o in owners):
+            return
+        who = ", ".join(o.describe() for o in owners) or "no process kvchaos can see"
+        started = f"pid {min(mine)}" if mine else "no live process"
+        raise StackError(f"service {name!r}: its health check {url} was answered by {who}, not by the "
+                         f"process kvchaos started ({started}); port {port} "
+                         f"({self.service_ports(name).get(port) or self.port_variable(port) or 'its port'}) "
+                         "is taken by another process: stop it or set the port variable", name,
+                         self.service_log_tail(name))
 
     def port_variable(self, port: int) -> str | None:
         """The stack's ``*_PORT`` variable(s) set to ``port`` (``"A_PORT/B_PORT"``), or None."""

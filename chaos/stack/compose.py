@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import psutil
 import docker.errors
 import yaml
 from docker.models.containers import Container
@@ -335,19 +336,17 @@ TOXIPROXY_DOCKERFILE = Path(__file__).resolve().parents[2] / "compose" / "toxipr
 
 
 def toxiproxy_version(binary: Path) -> str:
-    """``2.9.0`` from ``toxiproxy-server -version`` (``toxiproxy-server version 2.9.0``).
+    """``2.9.0`` from ``toxiproxy-server -version`` (chaos/proxy/real.py ``binary_version``).
 
     Raises:
-        StackError: the binary does not run or prints no version.
+        StackError: the binary does not run or is not Toxiproxy.
     """
+    from chaos.proxy.real import MissingToxiproxy, binary_version
+
     try:
-        out = subprocess.run([str(binary), "-version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise StackError(f"{binary}: cannot run it: {exc}") from None
-    words = (out.stdout + out.stderr).split()
-    if not words or not words[-1][:1].isdigit():
-        raise StackError(f"{binary} -version printed no version: {out.stdout + out.stderr!r}")
-    return words[-1]
+        return binary_version(binary)
+    except MissingToxiproxy as exc:
+        raise StackError(str(exc)) from None
 
 
 def build_toxiproxy_image(binary: Path | None = None, tag: str | None = None, *,
@@ -546,6 +545,65 @@ class ComposeStack(Stack):
         except (StackError, docker.errors.APIError):
             return ""
 
+    def _proxy_info(self, service: str) -> dict[str, str]:
+        """From the proxy service's container: ``bundled`` when it runs ``kvchaos proxy serve``
+        (in the engine's image), else ``real`` with the image (``kvchaos/toxiproxy:2.9.0``)."""
+        c = self.container(service)
+        image = (c.attrs.get("Config") or {}).get("Image") or ""
+        cmd = " ".join((c.attrs.get("Config") or {}).get("Cmd") or [])
+        if "proxy serve" in cmd and "--impl real" not in cmd:
+            import chaos
+
+            return {"impl": "bundled", "version": chaos.__version__, "image": image}
+        version = image.rpartition(":")[2] if ":" in image else ""
+        return {"impl": "real", "version": version, "image": image}
+
+    def service_log_tail(self, name: str) -> str:
+        return self._log_tail(name)
+
+    @staticmethod
+    def _container_pids(c: Container) -> set[int]:
+        """The host pids of a running container's processes: its init (``State.Pid``) and every
+        descendant; empty when it does not run."""
+        pid = int((c.attrs.get("State") or {}).get("Pid") or 0)
+        if pid <= 0:
+            return set()
+        try:
+            root = psutil.Process(pid)
+            return {pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.Error:
+            return set()
+
+    def own_pids(self) -> set[int] | None:
+        """The host pids of every container of this project (each init and its descendants)."""
+        pids: set[int] = set()
+        try:
+            for c in self._containers():
+                pids |= self._container_pids(c)
+        except docker.errors.APIError:
+            return None
+        return pids
+
+    def service_pids(self, name: str) -> set[int] | None:
+        """The host pids of the service's container; None unless it uses ``network_mode: host``
+        (a container with its own network namespace listens where the host's ``ss`` cannot see,
+        and a published port is held by Docker's own proxy)."""
+        if self.spec.services[name].network_mode != "host":
+            return None
+        try:
+            c = self.container(name)
+            c.reload()
+        except (StackError, docker.errors.APIError):
+            return None
+        return self._container_pids(c)
+
+    def foreign_listeners(self, name: str) -> list[str]:
+        """As :meth:`Stack.foreign_listeners`, for ``network_mode: host`` services only (a
+        published port of another network namespace is held by Docker's proxy, not a stranger)."""
+        if self.spec.services[name].network_mode != "host":
+            return []
+        return super().foreign_listeners(name)
+
     @staticmethod
     def _run_key(c: Container) -> tuple[str, str]:
         return c.id, c.attrs.get("State", {}).get("StartedAt", "")
@@ -725,16 +783,51 @@ class ComposeStack(Stack):
         c.reload()
         state = c.attrs.get("State", {})
         if state.get("Status") in ("exited", "dead") or (not state.get("Running") and state.get("Status") != "created"):
-            raise StackError(f"service {service!r} exited (code {state.get('ExitCode')}) before it became healthy",
+            lost = self.foreign_listeners(service)
+            why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
+            raise StackError(f"service {service!r} exited (code {state.get('ExitCode')}) before it became healthy{why}",
                              service, self._log_tail(service))
         url = host_probe_url(self.spec, service)
         if url is not None:
             hc = self.spec.services[service].healthcheck
-            return state.get("Status") == "running" and probe(url, timeout_s=hc.timeout)[0]
+            if state.get("Status") != "running" or not probe(url, timeout_s=hc.timeout)[0]:
+                return False
+            self.check_identity(service, url)  # a process outside the container must not pass
+            return True
         health = state.get("Health")
         if health is None:
             return bool(state.get("Running"))
-        return health.get("Status") == "healthy"
+        if health.get("Status") != "healthy":
+            return False
+        self._check_checked_ports(service)
+        return True
+
+    def _check_checked_ports(self, service: str) -> None:
+        """After Docker's own health check passed in a ``network_mode: host`` container: each
+        port of the stack's ``*_PORT`` variables that the check names must be listened on by the
+        stack's own containers, or the check may have been answered by another process of the
+        host (a concurrent stack)."""
+        import re
+
+        from chaos.stack.probe import listeners
+
+        hc = self.spec.services[service].healthcheck
+        argv = hc.argv() if hc is not None else None
+        if not argv or self.service_pids(service) is None:
+            return
+        mine = None
+        text = " ".join(argv)
+        for var, value in sorted(self.env.items()):
+            if not (var.endswith("_PORT") and value.isdigit() and re.search(rf"(?<![0-9]){value}(?![0-9])", text)):
+                continue
+            owners = listeners(int(value))
+            if owners and mine is None:
+                mine = self.own_pids() or set()  # a port of another service of the stack is ours too
+            if owners and not any(o.pid in mine for o in owners):
+                raise StackError(
+                    f"service {service!r}: its health check ({text}) passed, but port {value} ({var}) is "
+                    f"held by {', '.join(o.describe() for o in owners)}, not by this stack's containers: another "
+                    "process answered; stop it or set the port variable", service, self._log_tail(service))
 
     def wait_healthy(self, service: str, timeout_s: float | None = None) -> None:
         """Poll the container's health status (Docker runs the health check in the container)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -31,11 +30,12 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from chaos import interrupts
 from chaos.journal import Journal
-from chaos.proxy.real import MissingToxiproxy, asks_for_real, find_binary
+from chaos.procid import identity, same_process
+from chaos.proxy.real import BIN_ENV, MissingToxiproxy, asks_for_real, verified_binary
 from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
 from chaos.stack.environment import service_environment
 from chaos.stack.ports import release_all
-from chaos.stack.probe import group_pids, is_local_host, listeners, probe, probe_url_of, url_host_port
+from chaos.stack.probe import group_pids, probe, probe_url_of
 from chaos.stack.spec import Service, StackSpec, load_stack, port_owner
 
 #: How long ``kill(..., "SIGKILL")`` waits for the process group to disappear (s).
@@ -67,6 +67,8 @@ class _Proc:
     create_time: float
     log_path: Path
     popen: subprocess.Popen | None = None
+    #: :func:`chaos.procid.identity` of the process (start_ticks, boot_id), the pid reuse guard
+    ident: dict = field(default_factory=dict)
     expected_exit: bool = False
     paused: bool = False
     healthy: bool | None = None
@@ -81,10 +83,9 @@ class _Proc:
                 return False
             return True
         try:
-            p = psutil.Process(self.pid)
-            if abs(p.create_time() - self.create_time) > 1.0:
+            if not same_process(self.pid, {"create_time": self.create_time, **self.ident}):
                 return False
-            return p.status() != psutil.STATUS_ZOMBIE
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 
@@ -161,9 +162,12 @@ class LocalStack(Stack):
                     "(install it, or run `kvchaos doctor`)", "command")
             if asks_for_real(argv):
                 try:
-                    find_binary(self.env)
+                    binary, _version = verified_binary(self.env)
                 except MissingToxiproxy as exc:
                     raise self.spec.service_error(name, f"service {name!r}: {exc}", "command") from None
+                # the service runs in its own working directory: hand it the absolute path (a
+                # relative $KVCHAOS_TOXIPROXY_BIN named a file only from the runner's)
+                self.env[BIN_ENV] = str(binary)
             hc = svc.healthcheck
             probe_argv = hc.argv() if hc else None
             if probe_argv:
@@ -194,7 +198,7 @@ class LocalStack(Stack):
             "run_id": self.run_id,
             "journal": str(self.journal.path),
             "env": {k: v for k, v in self.env.items() if k.endswith("_PORT") or k.startswith("KVCHAOS_")},
-            "services": {n: {"pid": p.pid, "pgid": p.pgid, "create_time": p.create_time,
+            "services": {n: {"pid": p.pid, "pgid": p.pgid, "create_time": p.create_time, **p.ident,
                              "log": str(p.log_path), "paused": p.paused}
                          for n, p in self._procs.items()},
         }
@@ -222,7 +226,8 @@ class LocalStack(Stack):
                     journal=journal, spec=spec)
         for name, s in state["services"].items():
             stack._procs[name] = _Proc(name, s["pid"], s["pgid"], s["create_time"], Path(s["log"]),
-                                       paused=s.get("paused", False))
+                                       paused=s.get("paused", False),
+                                       ident={k: s[k] for k in ("start_ticks", "boot_id") if k in s})
         return stack
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -324,28 +329,16 @@ class LocalStack(Stack):
                                          stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 raise StackError(f"service {name!r} did not start: {exc}", name) from exc
-            try:
-                ctime = psutil.Process(popen.pid).create_time()
-            except psutil.NoSuchProcess:
-                ctime = time.time()
-            proc = _Proc(name, popen.pid, popen.pid, ctime, log_path, popen=popen)
+            ident = identity(popen.pid)
+            ctime = ident.pop("create_time") or time.time()
+            proc = _Proc(name, popen.pid, popen.pid, ctime, log_path, popen=popen, ident=ident)
             self.journal.add("process", f"{name}:{popen.pid}", pid=popen.pid, pgid=popen.pid,
-                             create_time=ctime, service=name)
+                             create_time=ctime, **ident, service=name)
             with self._lock:
                 self._procs[name] = proc
         return proc
 
     # --- identity: the process that answers is the one this stack started ------------------
-    def _service_ports(self, name: str) -> dict[int, str]:
-        """``{port: variable}`` of the stack's ``*_PORT`` variables that the service's command
-        names (the ports it binds, and those it connects to)."""
-        argv = " ".join(self.spec.services[name].argv("local"))
-        out = {}
-        for var, value in self.env.items():
-            if var.endswith("_PORT") and value.isdigit() and re.search(rf"(?<![0-9]){value}(?![0-9])", argv):
-                out[int(value)] = var
-        return out
-
     def own_pids(self) -> set[int]:
         """The live pids of every service's process group."""
         pids: set[int] = set()
@@ -353,42 +346,13 @@ class LocalStack(Stack):
             pids |= group_pids(p.pgid)
         return pids
 
-    def _foreign_listeners(self, name: str) -> list[str]:
-        """For each port the service's command names, the listeners no process of this stack
-        owns: ``["port 28100 (ENGINE_PORT): pid 123 (kvchaos engine serve ...)"]``."""
-        found = []
-        ours = None
-        for port, var in sorted(self._service_ports(name).items()):
-            owners = listeners(port)
-            if not owners:
-                continue
-            ours = self.own_pids() if ours is None else ours
-            foreign = [o for o in owners if o.pid not in ours]
-            if foreign:
-                found.append(f"port {port} ({var}) is held by " + ", ".join(o.describe() for o in foreign))
-        return found
+    def service_pids(self, name: str) -> set[int] | None:
+        """The live pids of the service's process group (None: not started)."""
+        proc = self._procs.get(name)
+        return None if proc is None else group_pids(proc.pgid)
 
-    def _check_identity(self, name: str, url: str) -> None:
-        """The socket listening on the health check's port must belong to the service's own
-        process group; else another process answered (a concurrent stack, another program).
-
-        Raises:
-            StackError: naming the service, the port and the process that holds it.
-        """
-        host, port = url_host_port(url)
-        if port is None or not is_local_host(host):
-            return  # a remote address: its listener is not visible from here
-        proc = self._procs[name]
-        owners = listeners(port)
-        mine = group_pids(proc.pgid)
-        if any(o.pid in mine for o in owners):
-            return
-        who = ", ".join(o.describe() for o in owners) or "no process kvchaos can see"
-        raise StackError(f"service {name!r}: its health check {url} was answered by {who}, not by the "
-                         f"process kvchaos started (pid {proc.pid}); port {port} "
-                         f"({self._service_ports(name).get(port, 'its port')}) is taken by another "
-                         "process: stop it or set the port variable", name,
-                         log_tail(self.log_dir / f"{name}.log"))
+    def service_log_tail(self, name: str) -> str:
+        return log_tail(self.log_dir / f"{name}.log")
 
     def _probe_once(self, name: str) -> bool:
         if interrupts.startup_interrupted():  # the stack goes down: stop waiting (worker threads)
@@ -396,7 +360,7 @@ class LocalStack(Stack):
         proc = self._procs.get(name)
         if proc is None or not proc.alive():
             rc = proc.returncode if proc else None
-            lost = self._foreign_listeners(name)
+            lost = self.foreign_listeners(name)
             why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
             raise StackError(f"service {name!r} exited (code {rc}) before it became healthy{why}", name,
                              log_tail(self.log_dir / f"{name}.log"))
@@ -408,7 +372,7 @@ class LocalStack(Stack):
         if url is not None:
             ok, _ = probe(url, timeout_s=hc.timeout)
             if ok:
-                self._check_identity(name, url)
+                self.check_identity(name, url)
             return ok
         env = service_environment(self.spec.services[name].env(), base=self.env)
         try:
@@ -440,11 +404,11 @@ class LocalStack(Stack):
                             retry=retry_if_result(lambda ok: not ok), retry_error_callback=lambda _s: False)
         ok = retrying(self._probe_once, service)
         if not ok:
-            lost = self._foreign_listeners(service)
+            lost = self.foreign_listeners(service)
             why = f"; {'; '.join(lost)}" if lost else ""
             raise StackError(f"service {service!r} not healthy after {deadline:.0f}s "
                              f"(health check {hc.test}){why}", service, log_tail(self.log_dir / f"{service}.log"))
-        lost = self._foreign_listeners(service)
+        lost = self.foreign_listeners(service)
         if lost:  # e.g. LMCache's HTTP port is ours but its RPC port another process's
             raise StackError(f"service {service!r} is healthy, but {'; '.join(lost)}: a process this stack "
                              "did not start would serve it", service, log_tail(self.log_dir / f"{service}.log"))
@@ -553,7 +517,8 @@ class LocalStack(Stack):
         p = self._proc(service)
         self._signal_group(p, signal.SIGSTOP)
         p.paused = True
-        self.journal.add("paused", f"{service}:{p.pid}", pgid=p.pgid, pid=p.pid, create_time=p.create_time)
+        self.journal.add("paused", f"{service}:{p.pid}", pgid=p.pgid, pid=p.pid, create_time=p.create_time,
+                         **p.ident)
         self._save_state()
 
     def resume(self, service: str) -> None:

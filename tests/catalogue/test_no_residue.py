@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from chaos.journal import all_journals, open_entries
+from chaos.procid import identity, same_process
 from chaos.proxy.client import ToxiproxyClient
 from chaos.runner.run import run_scenario
 from chaos.runner.stacks import StackPool
@@ -63,10 +64,10 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _same_process_alive(pid: int, created: float) -> bool:
+def _same_process_alive(pid: int, ident: dict) -> bool:
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - created) < 1 and p.status() != psutil.STATUS_ZOMBIE
+        return same_process(pid, ident) and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -108,7 +109,7 @@ def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
         for name, st in stack.status().items():
             assert st.state == "running", f"{name} is {st.state}"
             for proc in _tree(st.pid):
-                pids.append((proc.pid, proc.create_time()))
+                pids.append((proc.pid, identity(proc.pid)))
                 assert proc.status() != psutil.STATUS_STOPPED, f"{name} pid {proc.pid} left paused"
         assert open_entries(Path(stack.journal.path).parent / "residue-run.jsonl") == []
     finally:

@@ -3,6 +3,7 @@ leaves nothing behind on pass, failure and Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -164,16 +165,25 @@ def test_ctrl_c_of_a_real_process_leaves_nothing(docker, leftovers, redis_stack_
     assert leftovers(project_name(run_id)) == NOTHING
 
 
-def test_a_service_that_dies_fails_up_and_is_removed(docker, leftovers, stack_env, tmp_path, sweeper, test_image):
-    path = tmp_path / "dies.yml"
+def _one_service_stack(tmp_path: Path, test_image: str, command: list[str], check: list[str],
+                       name: str = "svc") -> Path:
+    """A stack file of one network_mode: host service ``name`` with a Docker health check."""
+    path = tmp_path / f"{name}.yml"
     path.write_text(textwrap.dedent(f"""
         services:
-          short:
+          {name}:
             image: {test_image}
             network_mode: host
-            command: ["/bin/sh", "-c", "echo going away; exit 3"]
-            healthcheck: {{test: ["CMD", "true"], interval: 200ms, retries: 20}}
+            command: {json.dumps(command)}
+            healthcheck: {{test: {json.dumps(check)}, interval: 200ms, timeout: 2s, retries: 50}}
+            stop_signal: SIGKILL
     """))
+    return path
+
+
+def test_a_service_that_dies_fails_up_and_is_removed(docker, leftovers, stack_env, tmp_path, sweeper, test_image):
+    path = _one_service_stack(tmp_path, test_image, ["/bin/sh", "-c", "echo going away; exit 3"],
+                              ["CMD", "true"], name="short")
     stack = make_stack(path, tmp_path, stack_env, sweeper)
     with pytest.raises(StackError, match=r"'short' exited \(code 3\)") as info:
         stack.up()
@@ -308,3 +318,82 @@ def test_stack_cli_refuses_service_subsets_under_compose(redis_stack_path, tmp_p
                        env={**os.environ, "KVCHAOS_STATE_DIR": str(tmp_path)}, capture_output=True,
                        text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2 and "local backend only" in r.stderr
+
+
+def _stranger() -> socket.socket:
+    """A listening socket of this test process: the "other program" that holds a port."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading other processes' sockets needs root")
+def test_a_host_probe_answered_by_a_process_outside_the_container_fails_up(
+        docker, leftovers, stack_env, tmp_path, sweeper, test_image):
+    """The shared-host collision under --backend compose: the container never bound its port
+    (here it does not even try) and another program's socket answered kvchaos's probe from the
+    host. up must fail naming the holder, never take the stranger for the service."""
+    other = _stranger()
+    port = other.getsockname()[1]
+    try:
+        path = _one_service_stack(tmp_path, test_image, ["sleep", "infinity"],
+                               ["CMD", "kvchaos", "probe", f"tcp://127.0.0.1:${{SVC_PORT:-{port}}}"])
+        stack = make_stack(path, tmp_path, dict(stack_env, SVC_PORT=str(port)), sweeper)
+        with pytest.raises(StackError, match=f"was answered by pid {os.getpid()}") as info:
+            stack.up()
+        assert f"port {port} (SVC_PORT)" in str(info.value) and info.value.service == "svc"
+        assert leftovers(stack.project) == NOTHING
+    finally:
+        other.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading other processes' sockets needs root")
+def test_a_docker_health_check_answered_by_a_process_outside_the_stack_fails_up(
+        docker, leftovers, stack_env, tmp_path, sweeper, test_image):
+    """Docker runs this check inside a network_mode: host container, so a host process holding
+    the port the check names answers it just the same: up must look at who listens there."""
+    other = _stranger()
+    port = other.getsockname()[1]
+    try:
+        check = ["CMD", "python3", "-c",
+                 f"import socket; socket.create_connection(('127.0.0.1', ${{SVC_PORT:-{port}}}), 1)"]
+        path = _one_service_stack(tmp_path, test_image, ["sleep", "infinity"], check)
+        stack = make_stack(path, tmp_path, dict(stack_env, SVC_PORT=str(port)), sweeper)
+        with pytest.raises(StackError, match=f"port {port} \\(SVC_PORT\\) is held by pid {os.getpid()}") as info:
+            stack.up()
+        assert "not by this stack's containers" in str(info.value)
+        assert leftovers(stack.project) == NOTHING
+    finally:
+        other.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading other processes' sockets needs root")
+def test_a_lost_bind_names_the_process_that_holds_the_port(docker, leftovers, stack_env, tmp_path, sweeper,
+                                                           test_image):
+    """redis-server in the container exits on EADDRINUSE: the error says who holds the port."""
+    other = _stranger()
+    port = other.getsockname()[1]
+    try:
+        path = _one_service_stack(tmp_path, test_image,
+                               ["redis-server", "--port", f"${{SVC_PORT:-{port}}}", "--bind", "127.0.0.1"],
+                               ["CMD", "redis-cli", "-p", f"${{SVC_PORT:-{port}}}", "ping"])
+        stack = make_stack(path, tmp_path, dict(stack_env, SVC_PORT=str(port)), sweeper)
+        with pytest.raises(StackError, match="exited \\(code 1\\) before it became healthy") as info:
+            stack.up()
+        assert f"port {port} (SVC_PORT) is held by pid {os.getpid()}" in str(info.value)
+        assert "(a lost bind)" in str(info.value)
+        assert leftovers(stack.project) == NOTHING
+    finally:
+        other.close()
+
+
+def test_the_stacks_own_containers_pass_the_identity_checks(docker, leftovers, redis_stack):
+    """Both kinds of check (kvchaos's host probe of web, Docker's redis-cli in redis) find the
+    listening socket in the stack's own containers."""
+    with redis_stack as stack:
+        for name in ("redis", "web"):
+            pids = stack.service_pids(name)
+            assert pids and pids <= stack.own_pids()
+        assert stack.service_pids("sleeper") is None  # its own network namespace: not checkable
+        assert stack.foreign_listeners("redis") == [] and stack.foreign_listeners("web") == []

@@ -59,3 +59,22 @@ def test_expected_verdicts_count_xpass_and_inconclusive_findings_as_false(tmp_pa
     assert main(["--expected", str(bad), "--require-bitten"]) == 1
     assert "smoke: fault f (latency): did not bite (run r3)" in capsys.readouterr().out
     assert main(["--expected"]) == 2
+
+
+def test_each_folder_says_which_proxy_served_it_and_a_mixed_folder_is_flagged(tmp_path, capsys):
+    """A comparison of the bundled proxy with the real one must show that the real one ran
+    (a silent fall-back to the bundled proxy would compare a proxy with itself)."""
+    a, b = tmp_path / "bundled", tmp_path / "real"
+    for folder, rid, impl, version in ((a, "r1", "bundled", "0.1.0"), (b, "r2", "real", "2.9.0")):
+        _run(folder, rid, "smoke", "passed", 0, "1")
+        data = json.loads((folder / rid / "result.json").read_text())
+        data["proxy"] = {"impl": impl, "version": version, "api": "http://127.0.0.1:1"}
+        (folder / rid / "result.json").write_text(json.dumps(data))
+    assert main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert f"{a}: proxy bundled 0.1.0 (1 run)" in out and f"{b}: proxy real 2.9.0 (1 run)" in out
+    assert "more than one proxy" not in out
+    _run(b, "r3", "lookup", "passed", 0, "1")  # an older report: no proxy recorded
+    main([str(a), str(b)])
+    out = capsys.readouterr().out
+    assert f"{b}: proxy none recorded (1 run), real 2.9.0 (1 run)  <- more than one proxy in one folder" in out

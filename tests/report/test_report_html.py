@@ -81,3 +81,22 @@ def test_correct_hit_rate_is_shown_next_to_the_hit_rate(run_dir, synthetic):
     row = html[html.index('<table id="stats">'):html.index('<table id="phase-hits"')]
     assert "correct-hit rate" in row and f"({st.correct_hits} of {st.hits_checked})" in row
     assert 'id="phase-hits"' in html
+
+
+
+def test_the_proxy_that_served_the_run_is_in_the_html_junit_and_result(tmp_path, synthetic):
+    from chaos.report import write_report
+    from chaos.report.junit import run_testsuite
+
+    from .conftest import synthetic_result
+
+    ops, snaps, plain = synthetic
+    assert plain.proxy is None and "<b>proxy</b><span>–</span>" in render_html(plain, ops)
+    info = {"impl": "real", "version": "2.9.0", "binary": "/opt/toxiproxy-server", "api": "http://127.0.0.1:1"}
+    result = synthetic_result(ops, snaps, proxy=info)
+    d = tmp_path / result.run_id
+    write_report(d, result, ops)
+    assert json.loads((d / "result.json").read_text())["proxy"] == info
+    assert "<b>proxy</b><span>real 2.9.0 (/opt/toxiproxy-server)</span>" in (d / "report.html").read_text()
+    props = {p.get("name"): p.get("value") for p in run_testsuite(result).iter("property")}
+    assert props["proxy"] == "real 2.9.0"

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from chaos.cleanup import cleanup
-from chaos.journal import Journal, all_journals, open_entries, owner_record
+from chaos.journal import Journal, all_journals, live_owner, open_entries, owner_alive, owner_record
+from chaos.procid import boot_id, identity, same_process, start_ticks
 
 DATA = Path(__file__).parent / "data"
 
@@ -34,9 +35,9 @@ def _journal_owned_by(directory: Path, run_id: str, owner: subprocess.Popen | No
     if owner is None:
         gone = subprocess.Popen(["true"])
         gone.wait()
-        rec.update(pid=gone.pid, create_time=time.time() - 5)
+        rec.update(pid=gone.pid, create_time=time.time() - 5, start_ticks=None)
     else:
-        rec.update(pid=owner.pid, create_time=psutil.Process(owner.pid).create_time())
+        rec.update(pid=owner.pid, **identity(owner.pid))
     path.write_text(json.dumps(rec) + "\n")
     j = Journal(run_id, directory=directory)
     j._owner_pid = os.getpid()  # write entries as the stand-in runner's, without our own owner line
@@ -127,7 +128,56 @@ def test_every_writer_records_itself_as_owner(tmp_path):
     j.remove("mount", "/m")
     owners = [json.loads(x) for x in j.path.read_text().splitlines() if '"owner"' in x]
     assert len(owners) == 1 and owners[0]["pid"] == os.getpid()
-    assert abs(owners[0]["create_time"] - psutil.Process().create_time()) < 1
+    assert owners[0]["start_ticks"] == start_ticks(os.getpid()) and owners[0]["boot_id"] == boot_id()
+    assert owner_alive(owners[0])
+
+
+def test_a_wall_clock_step_does_not_make_a_live_owner_dead(tmp_path):
+    """The input that showed it (CI, 2026-12-02): this process's psutil create_time moved by
+    89 s within one test (the host clock was stepped), so the owner line written earlier no
+    longer matched and a live run would have been taken for a dead one."""
+    j = Journal("r", directory=tmp_path)
+    j.add("mount", "/m", path="/m")
+    owner = next(json.loads(x) for x in j.path.read_text().splitlines() if '"owner"' in x)
+    stepped = dict(owner, create_time=owner["create_time"] - 89.0)
+    assert owner_alive(stepped) and live_owner(j.path) is not None
+    # the same start in another boot, or another start, is another process
+    assert not owner_alive(dict(stepped, boot_id="00000000-0000-0000-0000-000000000000"))
+    assert not owner_alive(dict(owner, start_ticks=owner["start_ticks"] + 1))
+    # a record from an older kvchaos (create_time only) is still compared by create_time
+    old = {k: v for k, v in owner.items() if k not in ("start_ticks", "boot_id")}
+    assert owner_alive(old) and not owner_alive(dict(old, create_time=old["create_time"] - 89.0))
+
+
+def test_a_wall_clock_step_does_not_make_a_started_service_a_stranger(tmp_path):
+    """cleanup ends the process group of a journal's process after the clock was stepped (the
+    entry's create_time no longer matches psutil's), and leaves a reused pid alone."""
+    service = _sleeper()
+    try:
+        j = _journal_owned_by(tmp_path / "journal", "run-x", None)
+        j.add("process", f"redis:{service.pid}", pid=service.pid, pgid=service.pid,
+              create_time=psutil.Process(service.pid).create_time() - 89.0, **{
+                  k: v for k, v in identity(service.pid).items() if k != "create_time"}, service="redis")
+        assert cleanup(tmp_path / "journal").undone == [f"ended process group {service.pid} (redis)"]
+        assert service.wait(10) is not None
+    finally:
+        if service.poll() is None:
+            service.kill()
+
+
+def test_start_ticks_reads_past_a_command_name_with_spaces_and_parentheses(tmp_path):
+    exe = tmp_path / "a) b (c"
+    exe.symlink_to("/bin/sleep")
+    p = subprocess.Popen([str(exe), "30"])
+    try:
+        ticks = start_ticks(p.pid)
+        assert ticks is not None and ticks == int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        assert ticks >= start_ticks(os.getpid())
+        assert same_process(p.pid, identity(p.pid))
+    finally:
+        p.kill()
+        p.wait()
+    assert start_ticks(p.pid) is None and not same_process(p.pid, {"start_ticks": ticks, "boot_id": boot_id()})
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from chaos.journal import all_journals, open_entries
+from chaos.procid import same_process
 from chaos.stack.probe import listeners
 from chaos.stack.spec import free_port
 from kvchaos_support import communicate_or_dump, default_sigint
@@ -77,7 +78,7 @@ def journal_processes(state: Path) -> list[dict]:
 def alive(entry: dict) -> bool:
     try:
         p = psutil.Process(entry["pid"])
-        return abs(p.create_time() - entry["create_time"]) < 1 and p.status() != psutil.STATUS_ZOMBIE
+        return same_process(entry["pid"], entry) and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

@@ -9,7 +9,7 @@ import sys
 from chaos.doctor import Finding, check_redis, run_checks
 
 PARTS = ["torch", "transformers", "lmcache", "lmcache server", "redis-server", "docker engine",
-         "docker compose", "tmpfs mount"]
+         "docker compose", "tmpfs mount", "real Toxiproxy", "ss"]
 
 
 def test_doctor_command_lists_every_part():
@@ -36,3 +36,17 @@ def test_redis_finding_matches_the_machine(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     f = check_redis()
     assert not f.ok and "apt-get install redis-server" in f.fix
+
+
+def test_real_toxiproxy_finding_checks_the_binary_answers_as_toxiproxy(monkeypatch, tmp_path):
+    from chaos.doctor import check_real_toxiproxy
+
+    monkeypatch.setenv("KVCHAOS_TOXIPROXY_BIN", "/bin/true")
+    f = check_real_toxiproxy()
+    assert not f.ok and "is not Toxiproxy" in f.detail and "KVCHAOS_TOXIPROXY_BIN" in f.fix
+    stand_in = tmp_path / "toxiproxy-server"
+    stand_in.write_text("#!/bin/sh\necho 'toxiproxy-server version 2.9.0'\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("KVCHAOS_TOXIPROXY_BIN", str(stand_in))
+    f = check_real_toxiproxy()
+    assert f.ok and f.detail == f"2.9.0 ({stand_in})"
