@@ -1,6 +1,7 @@
 """A bounded CPU load generator around a command: ``--procs`` busy-loop processes (default 4,
 twice this 2-core machine's cores) run while COMMAND runs, and are ended on every exit
-(COMMAND's end, an error, Ctrl-C, SIGTERM) and at ``--max-s`` at the latest.
+(COMMAND's end, an error, Ctrl-C, SIGTERM) and at ``--max-s`` at the latest (each loop ends
+itself then, even if this script was SIGKILLed).
 
     python benchmarks/load.py [--procs N] [--max-s S] -- COMMAND [ARGS...]
 
@@ -11,26 +12,30 @@ benchmarks/catalogue_under_load.py.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 
-BUSY = "import os\nos.nice(0)\nwhile True:\n    pass\n"
+#: One busy loop that ends itself after ``argv[1]`` seconds (time.monotonic), so the load is
+#: bounded even when this process dies without cleaning up (SIGKILL, a lost CI runner).
+BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 
 
 @contextmanager
 def busy_load(procs: int, max_s: float):
-    """``procs`` busy-loop processes for the block (each in its own process group, killed by
-    pid at the end); a watchdog process kills them after ``max_s`` seconds even if this one
-    dies without cleaning up."""
-    workers = [subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True,
-                                stdin=subprocess.DEVNULL) for _ in range(procs)]
-    pids = " ".join(str(w.pid) for w in workers)
-    watchdog = subprocess.Popen(["sh", "-c", f"sleep {int(max_s)}; kill -9 {pids} 2>/dev/null"],
-                                start_new_session=True, stdin=subprocess.DEVNULL)
+    """``procs`` busy-loop processes for the block, each in its own process group, killed by pid
+    at the end and ending themselves after ``max_s`` seconds in any case.
+
+    No watchdog process: an earlier ``sh -c "sleep N; kill -9 PIDS"`` watchdog outlived the
+    block (killing ``sh`` left its ``sleep`` running, holding the caller's stdout: a test that
+    captured this script's output waited the whole ``--max-s``), and would have sent SIGKILL to
+    pids reused by then. Every worker has stdin/stdout/stderr off the caller's pipes.
+    """
+    workers = [subprocess.Popen([sys.executable, "-c", BUSY, str(float(max_s))], start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(procs)]
     try:
         yield workers
     finally:
@@ -38,9 +43,6 @@ def busy_load(procs: int, max_s: float):
             if w.poll() is None:
                 w.kill()
             w.wait()
-        if watchdog.poll() is None:
-            watchdog.kill()
-        watchdog.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,9 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 KVCHAOS = str(Path(sys.executable).with_name("kvchaos"))
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_apc_partial_chunk_reaches_its_window_under_load(tmp_path):
     reports = tmp_path / "reports"
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
@@ -37,3 +36,31 @@ def test_apc_partial_chunk_reaches_its_window_under_load(tmp_path):
     for cond in trigger["conditions"]:
         # reached with a margin, not by luck: 4x what the trigger asks (1536 vs 256 tokens here)
         assert cond["increase"] >= 4 * cond["want_increase"], cond
+
+
+def test_the_load_generator_leaves_nothing_behind_and_bounds_itself():
+    """The input that showed it: this file's test above, whose output is captured, waited the
+    whole --max-s (908 s) for a watchdog `sleep` that held the pipe after the run had ended; that
+    watchdog would then have sent SIGKILL to the busy loops' pids, reused by then."""
+    import time
+
+    import psutil
+
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "load.py"), "--procs", "2", "--max-s", "601.25",
+                        "--", sys.executable, "-c", "import time; time.sleep(1)"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 60  # not --max-s: nothing left holding the captured output
+    mine = [p for p in psutil.process_iter(["cmdline"])  # this run's loops only (its own --max-s)
+            if (p.info["cmdline"] or [])[-1:] == ["601.25"] and "end = time.monotonic()" in " ".join(p.info["cmdline"])]
+    assert mine == [], mine
+    # a busy loop whose generator was SIGKILLed still ends at --max-s, by itself
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from load import BUSY
+    finally:
+        sys.path.pop(0)
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", BUSY, "1.5"], timeout=60, check=True)
+    assert time.monotonic() - t0 < 30
