@@ -39,10 +39,17 @@ def busy_load(procs: int, max_s: float):
     try:
         yield workers
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-            w.wait()
+        # A second SIGINT/SIGTERM must not cut this short (it did: 2 of 4 loops outlived a
+        # SIGTERMed `make catalogue-loaded` by hours): signals wait until every loop is ended.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+            for w in workers:
+                w.wait()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def main(argv: list[str] | None = None) -> int:

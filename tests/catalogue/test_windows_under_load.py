@@ -64,3 +64,36 @@ def test_the_load_generator_leaves_nothing_behind_and_bounds_itself():
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", BUSY, "1.5"], timeout=60, check=True)
     assert time.monotonic() - t0 < 30
+
+
+def test_the_load_generator_ends_every_loop_on_repeated_signals():
+    """The input that showed it: `make catalogue-loaded` stopped with SIGTERM left 2 of its 4
+    busy loops running for hours (a second signal cut the clean-up short)."""
+    import signal
+    import time
+
+    import psutil
+
+    def loops() -> list:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[-1:] == ["602.5"] and "end = time.monotonic()" in " ".join(p.info["cmdline"])]
+
+    gen = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "load.py"), "--procs", "4", "--max-s", "602.5",
+                            "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert "busy-loop processes" in gen.stderr.readline()
+        assert len(loops()) == 4
+        end = time.monotonic() + 1.0  # signals keep coming while it cleans up
+        while gen.poll() is None and time.monotonic() < end:
+            gen.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        gen.wait(60)
+        deadline = time.monotonic() + 10
+        while loops() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert loops() == []
+    finally:
+        if gen.poll() is None:
+            gen.kill()
+        for p in loops():
+            p.kill()
