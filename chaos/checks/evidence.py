@@ -11,7 +11,12 @@ questions, answered separately:
   lock was held when the request was cancelled); chaos/probes.py watched it and recorded what
   it saw on the heal record (a phase's: on a `trigger` record of the nemesis).
 
-A fault that did not act, or a trigger not reached, makes the run inconclusive ("unknown"),
+- **timing premise kept**: a phase with ``ends_within`` (a window that rests on a TTL or a
+  timeout of the system under test) ended at most that long after the start of the phase it
+  names; the runner recorded a `window` op at the phase's end.
+
+A fault that did not act, a trigger not reached or a timing premise broken makes the run
+inconclusive ("unknown"),
 never "passed": the scenario did not test what its description claims. This check never
 answers "failed": a window not reached says nothing about the system under test.
 """
@@ -70,6 +75,23 @@ def phase_triggers(history: Sequence[Op | dict[str, Any]]) -> list[dict[str, Any
             if op.get("process") == "nemesis" and op.get("f") == "trigger"]
 
 
+def phase_windows(history: Sequence[Op | dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timing premises (``ends_within``) the runner recorded, one per phase that declares
+    one: ``[{"phase", "reached", "within_s", "since_phase", "took_s"}]``."""
+    return [{"phase": op.get("phase", ""), **(op.get("value") or {})} for op in op_dicts(history)
+            if op.get("process") == "nemesis" and op.get("f") == "window"]
+
+
+def _missed(w: dict[str, Any]) -> str:
+    took = w.get("took_s")
+    since = w.get("since_phase")
+    ref = "its own start" if since == w.get("phase") else f"the start of phase {since}"
+    if took is None:
+        return f"timing premise not measured: phase {since} never started"
+    return (f"timing premise missed: ended {took:.1f}s after {ref}, later than ends_within "
+            f"{w.get('within_s'):g}s (the window it rests on may have closed: the run is stretched)")
+
+
 @register(NAME, EvidenceConfig)
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: EvidenceConfig | dict[str, Any] | None = None) -> CheckResult:
@@ -83,7 +105,7 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
         CheckResult; details: `faults` (list of {fault_id, kind, phase, applied_at, healed_at,
         evidence, bit, acted, trigger, trigger_reached, problem}; `trigger_reached` None when
         the fault declares no trigger) and `phases` (list of {phase, trigger, trigger_reached,
-        problem}).
+        problem}, then one {phase, window, window_kept, problem} per ``ends_within``).
     """
     coerce_config(config, EvidenceConfig)
     fs = faults(history)
@@ -101,10 +123,18 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
         reached = t.get("reached") is True
         phases.append({"phase": t["phase"], "trigger": t, "trigger_reached": reached,
                        "problem": None if reached else "trigger " + _unreached(t)})
-    details = {"faults": rows, "phases": phases}
     triggers = [r for r in rows if r["trigger_reached"] is not None] + phases
+    windows = []
+    for w in phase_windows(history):
+        kept = w.get("reached") is True
+        windows.append({"phase": w["phase"], "window": w, "window_kept": kept,
+                        "problem": None if kept else _missed(w)})
+    phases = phases + windows
+    details = {"faults": rows, "phases": phases}
     reached_n = sum(1 for r in triggers if r["trigger_reached"])
     trig_text = f"triggers reached: {reached_n} of {len(triggers)}" if triggers else "no trigger declared"
+    if windows:
+        trig_text += f"; timing premises kept: {sum(1 for w in windows if w['window_kept'])} of {len(windows)}"
     if not fs and not phases:
         return CheckResult(name=NAME, verdict="passed", summary="no faults and no trigger in this scenario",
                            details=details)

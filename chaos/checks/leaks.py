@@ -16,6 +16,13 @@ Verdicts:
 - unknown: a source never answered (only errors or nothing at all), a field was missing from
   the final reading, a baseline could not be read, or no leak source was polled.
 - passed: every source's final reading has every field back at its baseline.
+
+With ``back_within: {s, phase}`` a pass counts only when that final reading came at most ``s``
+seconds after the start of ``phase`` (the runner's ``phase`` op; default the first phase):
+a leak that the system under test's TTL frees (LMCache's L1 read locks expire
+``--l1-read-ttl-seconds`` after their last lock, LMCache 0.5.6 ``TTLLock``) looks the same as
+no leak once the TTL has passed, so a later pass is "unknown" (a stretched run), never
+"passed". A failure stays a failure.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from chaos.checks.registry import coerce_config, register
+from chaos.checks.requests import op_dicts
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import LeakSample, Snapshots
 from chaos.history import Op
@@ -52,14 +60,15 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     """Decide from the last reading of each leak source whether anything stayed held.
 
     Args:
-        history: unused (leaks are state, not operations); kept for the common signature.
+        history: the runner's ``phase`` ops, read only for ``back_within``.
         snapshots: uses `leak_sources`, `leak_samples`, `leak_errors`, `quiesce_waited_s`.
         config: LeaksConfig or its dict (`quiesce_s` is reported when the runner did not
             record how long it waited).
     Returns:
         CheckResult; details: `waited_s`, `sources` (name -> {"final": {field: value},
         "peak": {field: value}, "time": s, "samples": n, "errors": n, "last_error": str}),
-        `leaked` (list of {source, field, value, peak}).
+        `leaked` (list of {source, field, value, peak}); `back_within` ({phase, within_s,
+        back_at, took_s, problem}) when a pass came too late for ``back_within``.
     """
     cfg = coerce_config(config, LeaksConfig)
     waited = snapshots.quiesce_waited_s if snapshots.quiesce_waited_s is not None else cfg.quiesce_s
@@ -117,6 +126,43 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
         return CheckResult(name=NAME, verdict="unknown",
                            summary=f"field missing from the final reading: {', '.join(missing_fields)}",
                            details=details)
+    late = _too_late(cfg, history, sources)
+    if late is not None:
+        details["back_within"] = late
+        return CheckResult(name=NAME, verdict="unknown", summary=late["problem"], details=details)
     return CheckResult(name=NAME, verdict="passed",
                        summary=f"all counters of {', '.join(names)} are back at their baseline after quiesce",
                        details=details)
+
+
+def phase_starts(history: Sequence[Op | dict[str, Any]]) -> dict[str, float]:
+    """Phase name -> its start (s since run start) from the runner's ``phase`` ops."""
+    out: dict[str, float] = {}
+    for op in op_dicts(history):
+        if (op.get("process") == "nemesis" and op.get("f") == "phase"
+                and (op.get("value") or {}).get("event") == "start"):
+            out.setdefault(op.get("phase", ""), float(op.get("time") or 0.0))
+    return out
+
+
+def _too_late(cfg: LeaksConfig, history: Sequence[Op | dict[str, Any]],
+              sources: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """What broke ``back_within`` on a pass (None: kept, or not declared)."""
+    within = cfg.back_within
+    if within is None:
+        return None
+    starts = phase_starts(history)
+    ref = within.phase or next(iter(starts), None)
+    start = starts.get(ref) if ref is not None else None
+    back_at = max(float(info["time"]) for info in sources.values() if "time" in info)
+    if start is None:
+        return {"phase": ref, "within_s": within.s, "back_at": back_at,
+                "problem": f"inconclusive: back_within counts from the start of phase {ref}, which the "
+                "history does not record (the phase never started)"}
+    took = back_at - start
+    if took <= within.s:
+        return None
+    return {"phase": ref, "within_s": within.s, "back_at": back_at, "took_s": took,
+            "problem": f"inconclusive: back at baseline only {took:.1f}s after the start of phase {ref}, later than "
+            f"back_within {within.s:g}s: a TTL may have freed what the run should have seen held "
+            "(the run is stretched)"}

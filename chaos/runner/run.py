@@ -105,6 +105,30 @@ class Nemesis:
         self.journal = journal
         self.proxy_api = proxy_api
         self.applied: list[AppliedFault] = []
+        #: Phase name -> its start on the history clock (s since run start), as phases begin.
+        self.phase_starts: dict[str, float] = {}
+
+    def phase_started(self, phase: str) -> None:
+        """Record that ``phase`` starts now (a ``phase`` op with ``value.event: start``: what a
+        timing premise, ``ends_within`` or ``checks.leaks.back_within``, counts from)."""
+        op = self.history.append("nemesis", "ok", "phase", phase=phase, value={"event": "start"})
+        self.phase_starts[phase] = op.time
+
+    def phase_ended(self, phase: Phase) -> None:
+        """Record that ``phase`` ends now (its requests, fault timelines and duration are done):
+        with an ``ends_within`` premise, a ``window`` op whose ``value`` is ``{"scope": "phase",
+        "reached": bool, "within_s", "since_phase", "took_s"}`` (``took_s``: seconds from the
+        start of ``since_phase`` to now; the evidence check makes a run that missed it
+        inconclusive); then a ``phase`` op with ``value.event: end``."""
+        within = phase.ends_within
+        if within is not None:
+            ref = within.phase or phase.name
+            start = self.phase_starts.get(ref)
+            took = None if start is None else self.history.now() - start
+            self.history.append("nemesis", "ok", "window", phase=phase.name,
+                                value={"scope": "phase", "reached": took is not None and took <= within.s,
+                                       "within_s": within.s, "since_phase": ref, "took_s": took})
+        self.history.append("nemesis", "ok", "phase", phase=phase.name, value={"event": "end"})
 
     def apply(self, fault: Fault, phase: str) -> None:
         """Apply ``fault`` now (blocking); records invoke, then ok or fail."""
@@ -227,6 +251,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     until its requests and fault timelines are done (before ``until: end`` faults are healed).
     """
     loop_t0 = time.monotonic()
+    nemesis.phase_started(phase.name)
     faults = [fault_registry.build_fault(p) for p in phase.faults]
     watch = nemesis.watch(phase.trigger)
     if watch is not None:
@@ -276,6 +301,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             if not t.done():
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        nemesis.phase_ended(phase)
         if watch is not None:
             result = await asyncio.to_thread(watch.finish)
             nemesis.history.append("nemesis", "ok", "trigger", phase=phase.name,

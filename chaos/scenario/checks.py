@@ -18,6 +18,7 @@ __all__ = [
     "LivenessConfig",
     "LeakSourceConfig",
     "LeaksConfig",
+    "Within",
     "EvidenceConfig",
     "IsolationConfig",
     "HitRecoveryConfig",
@@ -91,6 +92,25 @@ class LeakSourceConfig(_Strict):
         return self
 
 
+class Within(_Strict):
+    """A timing premise of the scenario's window: a moment of the run comes at most ``s``
+    seconds after the start of ``phase``.
+
+    A window that rests on a timeout or a TTL of the system under test (LMCache's L1 read-lock
+    TTL, ``--l1-read-ttl-seconds``, and its session TTL, ``--session-ttl-seconds``; an engine's
+    lookup deadline) is reached only if the run kept to its clock; on a loaded host the phases
+    stretch, the TTL expires as designed, and the run would pass without having tested anything.
+    With the premise stated, a run that broke it is inconclusive (exit 4), never passed.
+    Used as a phase's ``ends_within`` and as ``checks.leaks.back_within``.
+    """
+
+    s: PositiveDuration = Field(description="seconds (number or 18s, 1m): keep it below the TTL or timeout the "
+                                "window rests on, with a margin")
+    phase: str | None = Field(default=None, min_length=1,
+                              description="the phase whose start the time counts from; default: the phase itself "
+                              "(ends_within), the first phase (back_within)")
+
+
 class LeaksConfig(_Strict):
     """Locks, pins, sessions and staging bytes return to zero once the stack is quiet."""
 
@@ -102,6 +122,12 @@ class LeaksConfig(_Strict):
     )
     sources: list[LeakSourceConfig] | None = Field(
         default=None, description="leak sources; omitted = the stack's x-kvchaos leak_sources"
+    )
+    back_within: Within | None = Field(
+        default=None,
+        description="a pass counts only when every source was back at its baseline at most `s` seconds after "
+        "the start of `phase` (default the first phase); later, the run is inconclusive: a TTL (e.g. LMCache's "
+        "L1 read-lock TTL) may have freed what the scenario should have seen held. A failure is not affected",
     )
 
 

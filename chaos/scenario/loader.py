@@ -107,6 +107,12 @@ def _reference_problems(file: str, data: dict, locator: Locator) -> list[ConfigE
                                         f"{_line(locator, ('phases', phase_at[name], 'name'))})"))
                 else:
                     phase_at[name] = i
+            within = phase.get("ends_within")
+            ref = within.get("phase") if isinstance(within, dict) else None
+            if isinstance(ref, str) and ref not in phase_at:
+                out.append(_problem(file, locator, ("phases", i, "ends_within", "phase"),
+                                    f"ends_within.phase {ref!r} is not this phase or an earlier one; "
+                                    f"the phases up to here: {', '.join(phase_at) or 'none'}"))
             faults = phase.get("faults")
             for j, fault in enumerate(faults if isinstance(faults, list) else []):
                 fname = fault.get("name") if isinstance(fault, dict) else None

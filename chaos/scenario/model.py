@@ -25,7 +25,7 @@ from pydantic import (
 from chaos.faults import registry
 from chaos.faults.base import FaultParams
 from chaos.probes import Condition, normalize_trigger
-from chaos.scenario.checks import ChecksConfig
+from chaos.scenario.checks import ChecksConfig, Within
 from chaos.scenario.duration import PositiveDuration
 from chaos.workload.spec import WorkloadSpec
 
@@ -129,6 +129,12 @@ class Phase(_Strict):
         description="after_faults: the phase's requests start once its faults with start 0 are "
         "applied; at_once: together with them (the requests race the fault)",
     )
+    ends_within: Within | None = Field(
+        default=None,
+        description="a timing premise: this phase (its requests, faults and duration) ends at most `s` seconds "
+        "after the start of `phase` (this phase or an earlier one; default this phase); later, the run is "
+        "inconclusive (e.g. a lookup that should renew a lock came after its TTL could expire)",
+    )
 
     @field_validator("trigger", mode="before")
     @classmethod
@@ -210,10 +216,25 @@ class Scenario(_Strict):
         if has and self.checks.evidence is None:
             raise ValueError(f"phase(s) {has} declare a `trigger`, which the `evidence` check evaluates: "
                              "add `evidence: {}` under `checks`")
+        timed = [p.name for p in self.phases if p.ends_within is not None]
+        if timed and self.checks.evidence is None:
+            raise ValueError(f"phase(s) {timed} declare `ends_within`, which the `evidence` check evaluates: "
+                             "add `evidence: {}` under `checks`")
         return self
 
     @model_validator(mode="after")
     def _check_phase_names(self) -> Scenario:
+        names = [p.name for p in self.phases]
+        for i, phase in enumerate(self.phases):
+            ref = phase.ends_within.phase if phase.ends_within is not None else None
+            if ref is not None and ref not in names[: i + 1]:
+                raise _reference_error(f"phase {phase.name!r}: ends_within.phase {ref!r} is not this phase or "
+                                       f"an earlier one; the phases up to it: {names[: i + 1]}")
+        leaks = self.checks.leaks
+        if leaks is not None and leaks.back_within is not None and leaks.back_within.phase is not None:
+            if leaks.back_within.phase not in names:
+                raise _reference_error(f"checks.leaks.back_within names unknown phase "
+                                       f"{leaks.back_within.phase!r}; the scenario has {names}")
         hr = self.checks.hit_recovery
         if hr is not None:
             names = [p.name for p in self.phases]
