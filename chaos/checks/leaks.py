@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from chaos.checks.registry import coerce_config, register
-from chaos.checks.requests import op_dicts
+from chaos.checks.requests import phase_starts
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import LeakSample, Snapshots
 from chaos.history import Op
@@ -133,16 +133,6 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     return CheckResult(name=NAME, verdict="passed",
                        summary=f"all counters of {', '.join(names)} are back at their baseline after quiesce",
                        details=details)
-
-
-def phase_starts(history: Sequence[Op | dict[str, Any]]) -> dict[str, float]:
-    """Phase name -> its start (s since run start) from the runner's ``phase`` ops."""
-    out: dict[str, float] = {}
-    for op in op_dicts(history):
-        if (op.get("process") == "nemesis" and op.get("f") == "phase"
-                and (op.get("value") or {}).get("event") == "start"):
-            out.setdefault(op.get("phase", ""), float(op.get("time") or 0.0))
-    return out
 
 
 def _too_late(cfg: LeaksConfig, history: Sequence[Op | dict[str, Any]],

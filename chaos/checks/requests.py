@@ -231,6 +231,17 @@ class FaultRecord(BaseModel):
         return bool(self.evidence and self.evidence.get("bit") is True)
 
 
+def phase_starts(history: Iterable[Op | dict[str, Any]]) -> dict[str, float]:
+    """Phase name -> its start (s since run start), from the ``phase`` ops the runner writes as
+    each phase begins (chaos/runner/run.py ``Nemesis.phase_started``)."""
+    out: dict[str, float] = {}
+    for op in op_dicts(history):
+        if (op.get("process") == "nemesis" and op.get("f") == "phase"
+                and (op.get("value") or {}).get("event") == "start"):
+            out.setdefault(op.get("phase", ""), float(op.get("time") or 0.0))
+    return out
+
+
 def faults(history: Iterable[Op | dict[str, Any]]) -> list[FaultRecord]:
     """Pair nemesis apply and heal ops by fault_id.
 
