@@ -46,6 +46,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from chaos.httppool import pool_limits
 from chaos.prometheus import text_samples
 
 __all__ = ["Condition", "Trigger", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
@@ -522,7 +523,7 @@ class TriggerWatch:
         have = stack_capabilities(stack) if capabilities is None else capabilities
         self.probes = [_Probe(c, stack, c.applies(have)) for c in conditions]
         self.every_s = every_s
-        self._client = httpx.Client()
+        self._client = httpx.Client(limits=pool_limits())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

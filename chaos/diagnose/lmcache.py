@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from chaos.httppool import pool_limits
 from chaos.stack.environment import TELEMETRY_OFF
 
 os.environ.update(TELEMETRY_OFF)  # before lmcache is imported (it reads them at import)
@@ -73,7 +74,7 @@ def server_info(http: str, timeout_s: float = 10.0) -> ServerInfo:
     """
     base = http.rstrip("/")
     try:
-        with httpx.Client(timeout=timeout_s) as client:
+        with httpx.Client(timeout=timeout_s, limits=pool_limits()) as client:
             config = client.get(f"{base}/config").raise_for_status().json()
             status = client.get(f"{base}/status").raise_for_status().json()
     except (httpx.HTTPError, ValueError) as exc:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from chaos.checks.snapshots import LeakError, LeakSample
+from chaos.httppool import pool_limits
 from chaos.prometheus import sum_selectors
 from chaos.stack.spec import LeakSource
 
@@ -71,7 +72,7 @@ def read_baselines(sources: list[LeakSource], timeout_s: float = 5.0) -> dict[st
         to None (the leaks check then cannot decide on it and says so).
     """
     out: dict[str, dict[str, float | None]] = {}
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, limits=pool_limits()) as client:
         for src in sources:
             if src.baseline != "before_faults":
                 continue
@@ -125,7 +126,7 @@ def poll_until_quiet(sources: list[LeakSource], quiesce_s: float, poll_interval_
     errors: list[LeakError] = []
     baselines = baselines or {}
     t0 = time.monotonic()
-    with httpx.Client(timeout=timeout_s) as client:
+    with httpx.Client(timeout=timeout_s, limits=pool_limits()) as client:
         while True:
             quiet = True
             for src in sources:
