@@ -3,7 +3,7 @@
 A pooled HTTP/1.1 connection that sat idle can be closed by the server at the very moment the
 client sends the next request on it: the request then fails with ``httpx.ReadError`` (or
 ``RemoteProtocolError``, "Server disconnected") though the server never saw it. Uvicorn, which
-serves vLLM's and SGLang's OpenAI API and the reference engine, closes a connection idle for
+serves vLLM's OpenAI API and the reference engine, closes a connection idle for
 ``timeout_keep_alive`` = 5 s by default (uvicorn ``Config``; vLLM's api_server passes
 ``TIMEOUT_KEEP_ALIVE = 5``); httpx's own ``keepalive_expiry`` default is also 5 s, so a client
 whose requests are about 5 s apart (a settle phase between two phases) races the server's

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.history import load_history
 from chaos.stack.compose import image_exists
 from kvchaos_support import communicate_or_dump, default_sigint
 
@@ -73,10 +74,9 @@ def test_node_exit_under_compose_matches_local(image, docker, tmp_path):
     # requests, under load the docker kill landed after all of them were done (1.4 s into the
     # phase) and the run was inconclusive (2026-12-03, `make test` under 4 busy loops).
     (history,) = (tmp_path / "compose" / "reports").glob("node-exit-lmcache-*/history.jsonl")
-    ops = [json.loads(line) for line in history.read_text().splitlines()]
-    killed_at = next(o["time"] for o in ops if o["f"] == "apply" and o["type"] == "ok")
-    after = [o for o in ops if o["f"] == "complete" and o["type"] == "invoke" and o["phase"] == "outage"
-             and o["time"] > killed_at]
+    ops = load_history(history)
+    killed_at = next(o.time for o in ops if o.f == "apply" and o.type == "ok")
+    after = [o for o in ops if o.f == "complete" and o.type == "invoke" and o.phase == "outage" and o.time > killed_at]
     assert len(after) >= 9, (killed_at, len(after))
 
     local_code, local = run(["scenarios/node-exit-lmcache.yaml", "--backend", "local"], tmp_path / "local")

@@ -108,7 +108,7 @@ def test_a_request_after_a_pause_does_not_reuse_a_connection_the_server_is_closi
 
 
 def test_the_client_expires_idle_connections_before_uvicorns_keep_alive_closes_them():
-    # uvicorn serves vLLM, SGLang and the reference engine; its default timeout_keep_alive is
+    # uvicorn serves vLLM and the reference engine; its default timeout_keep_alive is
     # the server-side clock the client must stay under (with margin for a loaded host).
     server_keep_alive = uvicorn.Config(app=None).timeout_keep_alive
     assert KEEPALIVE_EXPIRY_S <= server_keep_alive / 2, (KEEPALIVE_EXPIRY_S, server_keep_alive)
