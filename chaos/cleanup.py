@@ -83,13 +83,22 @@ def _heal_fault(entry: dict[str, Any]) -> str:
         proxy = ToxiproxyClient(entry["proxy_api"])
     import httpx
 
+    from chaos.proxy.client import ToxiproxyError
+
     try:
         # The stack object is gone with the runner; its variables (ports) were journalled so a
         # hook's ${VARS} still resolve.
         stack = SimpleNamespace(env=dict(entry.get("stack_env") or {}), settings=None)
         done = fault.heal(FaultContext(proxy=proxy, stack=stack))
-    except httpx.ConnectError:
-        # The proxy process is gone, and its toxics with it.
+    except (httpx.ConnectError, ToxiproxyError) as exc:
+        # Refused: nothing listens on the proxy's API port, so the proxy process is gone, and
+        # its toxics with it (Toxiproxy keeps toxics in memory only). ToxiproxyClient wraps the
+        # transport error (status 0, the httpx error as __cause__). Any other failure (an HTTP
+        # answer; a timeout, httpx's ConnectTimeout being no ConnectError) may leave the toxic
+        # in place: an error.
+        cause = exc.__cause__ if isinstance(exc, ToxiproxyError) and exc.status == 0 else exc
+        if not isinstance(cause, httpx.ConnectError):
+            raise
         return f"fault {entry['key']} ({entry['fault_kind']}): its proxy is gone, nothing to heal"
     finally:
         if proxy is not None:

@@ -85,3 +85,69 @@ def test_a_hung_child_killed_by_the_test_support_leaves_nothing(tmp_path):
     finally:
         if psutil.pid_exists(sleeper):
             os.kill(sleeper, 9)
+
+
+def test_cleanup_of_a_fault_whose_proxy_is_gone_is_no_error(tmp_path):
+    """The input: `kvchaos cleanup` after a host ended a run and its whole stack at once (the
+    runner and the proxy both killed) exited 1 with "ToxiproxyError: ... Connection refused"
+    for a toxic that died with its proxy. Nothing listens on the journalled API port (a socket
+    bound there without listen() refuses connections and keeps the port from anyone else)."""
+    import socket
+
+    from pydantic import TypeAdapter
+
+    from chaos.cleanup import cleanup
+    from chaos.faults import registry
+    from chaos.scenario.model import FaultSpec  # noqa: F401  (loads the fault modules)
+
+    params = TypeAdapter(registry.fault_union()).validate_python(
+        {"kind": "latency", "name": "slow-link", "link": "cache-link", "latency_ms": 50, "until": "end"})
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        j = Journal("r", directory=tmp_path)
+        j.add("fault", "slow-link", fault_kind="latency", params=params.model_dump(mode="json"),
+              proxy_api=f"http://127.0.0.1:{held.getsockname()[1]}", stack_env={})
+        report = cleanup(tmp_path, force=["r"])
+    assert report.errors == []
+    assert report.undone == ["fault slow-link (latency): its proxy is gone, nothing to heal"]
+    assert not j.path.exists()
+
+
+def test_cleanup_of_a_fault_whose_proxy_answers_an_error_keeps_the_journal(tmp_path):
+    """A proxy that answers (here HTTP 500 on every call) may still hold the toxic: an error,
+    and the journal stays for the next cleanup."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from pydantic import TypeAdapter
+
+    from chaos.cleanup import cleanup
+    from chaos.faults import registry
+    from chaos.scenario.model import FaultSpec  # noqa: F401
+
+    class Broken(BaseHTTPRequestHandler):
+        def _fail(self):
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": "broken", "status": 500}')
+
+        do_GET = do_POST = do_DELETE = _fail
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        params = TypeAdapter(registry.fault_union()).validate_python(
+            {"kind": "latency", "name": "slow-link", "link": "cache-link", "latency_ms": 50, "until": "end"})
+        j = Journal("r", directory=tmp_path)
+        j.add("fault", "slow-link", fault_kind="latency", params=params.model_dump(mode="json"),
+              proxy_api=f"http://127.0.0.1:{server.server_address[1]}", stack_env={})
+        report = cleanup(tmp_path, force=["r"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(report.errors) == 1 and "HTTP 500" in report.errors[0], report
+    assert j.path.exists()
