@@ -52,7 +52,9 @@ class FaultParams(BaseModel):
 
     ``start`` is seconds after its phase starts (``after: requests``: after the phase's requests
     are done); the fault is healed ``duration`` seconds after it is applied, or when the phase
-    ends (after its requests are done) with ``until: end``.
+    ends (after its requests are done) with ``until: end``. ``hold_requests``: the phase's
+    requests not yet sent when the fault is due wait until its apply returns (the runner's
+    request gate, chaos/runner/run.py ``_run_phase``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -71,6 +73,12 @@ class FaultParams(BaseModel):
         default="phase_start",
         description="what `start` counts from: phase_start (default) or requests: once the phase's "
         "requests are done (e.g. kill a server after the requests that stored to it; needs a `duration`)",
+    )
+    hold_requests: bool = Field(
+        default=False,
+        description="the phase's requests not yet sent when the fault is due wait until it is in "
+        "place, so requests still come after it however late its apply lands on a loaded host "
+        "(those in flight go on: a kill at 200ms still meets them); for a fault that starts mid-phase",
     )
     duration: PositiveDuration | None = Field(
         default=None, description="how long the fault lasts (> 0); exactly one of duration/until"
@@ -98,6 +106,9 @@ class FaultParams(BaseModel):
                 if self.duration is None
                 else "give either `duration` or `until: end`, not both"
             )
+        if self.after == "requests" and self.hold_requests:
+            raise ValueError("`hold_requests` holds the phase's requests, which are done before a fault "
+                             "`after: requests` starts: drop one of them")
         if self.after == "requests" and self.until is not None:
             raise ValueError("`after: requests` needs a `duration` (with `until: end` the fault would be "
                              "healed as soon as it is applied)")

@@ -246,8 +246,9 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
 
     With ``requests_start: after_faults`` (the default) the faults that start at 0 are applied
     first, in file order, and the requests start once they are in place; later faults keep their
-    ``start`` on the phase clock; a fault with ``after: requests`` counts its ``start`` from when
-    the phase's requests are done. The phase's own ``trigger`` is watched from the phase start
+    ``start`` on the phase clock, and while one with ``hold_requests`` is being applied no new
+    request is sent (those in flight go on); a fault with ``after: requests`` counts its
+    ``start`` from when the phase's requests are done. The phase's own ``trigger`` is watched from the phase start
     until its requests and fault timelines are done (before ``until: end`` faults are healed).
     """
     loop_t0 = time.monotonic()
@@ -260,6 +261,22 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
 
     requests_done = asyncio.Event()
     requests_done_at: list[float] = []
+    # The request gate: clear while a `hold_requests` fault is being applied (a count, as two
+    # may be due at once), so requests still come after the fault is in place however late the
+    # apply lands on a loaded host.
+    gate = asyncio.Event()
+    gate.set()
+    holding = [0]
+
+    async def apply_holding(fault: Fault) -> None:
+        holding[0] += 1
+        gate.clear()
+        try:
+            await asyncio.to_thread(nemesis.apply, fault, phase.name)
+        finally:
+            holding[0] -= 1
+            if holding[0] == 0:
+                gate.set()
 
     async def fault_timeline(fault: Fault, applied: bool) -> None:
         p = fault.params
@@ -269,7 +286,10 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             t0 = requests_done_at[0]
         if not applied:
             await asyncio.sleep(max(0.0, p.start - (time.monotonic() - t0)))
-            await asyncio.to_thread(nemesis.apply, fault, phase.name)
+            if p.hold_requests:
+                await apply_holding(fault)
+            else:
+                await asyncio.to_thread(nemesis.apply, fault, phase.name)
         if p.duration is not None:
             await asyncio.sleep(max(0.0, p.start + p.duration - (time.monotonic() - t0)))
             entry = next(e for e in nemesis.applied if e.fault is fault)
@@ -288,7 +308,8 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             assert client is not None  # load_and_validate: a stack without engine_url sends nothing
             await _unless_one_fails(run_conversations(client, conversations, phase=phase.name,
                                                       concurrency=scenario.workload.concurrency,
-                                                      deadline_s=deadline_s, cancel_for=nemesis.cancel_for),
+                                                      deadline_s=deadline_s, cancel_for=nemesis.cancel_for,
+                                                      gate=gate),
                                     tasks)
         requests_done_at.append(time.monotonic())
         requests_done.set()

@@ -26,6 +26,7 @@ async def run_conversations(
     concurrency: int,
     deadline_s: float | None = None,
     cancel_for: CancelPicker | None = None,
+    gate: asyncio.Event | None = None,
 ) -> dict[str, CompletionOutcome]:
     """Send every turn of every conversation; turns of a conversation go in order.
 
@@ -39,6 +40,9 @@ async def run_conversations(
         concurrency: requests in flight at once (>= 1).
         deadline_s: per-request deadline, seconds (None: no deadline).
         cancel_for: see :data:`CancelPicker`.
+        gate: while it is clear, no request is sent (those in flight go on); a request waits
+            for it with its client slot taken, and records its ``invoke`` only once through
+            (the runner holds requests while a ``hold_requests`` fault is being applied).
 
     Returns:
         request_id -> outcome, for every request sent.
@@ -71,6 +75,8 @@ async def run_conversations(
             )
             slot = await slots.get()
             try:
+                if gate is not None:
+                    await gate.wait()
                 outcome = await client.complete(
                     req,
                     process=f"client-{slot}",
