@@ -8,8 +8,10 @@
 
 Every run is its own compose project, ``kvchaos-<run id>``; compose labels every container,
 network and volume with ``com.docker.compose.project``, and kvchaos adds ``io.kvchaos.run`` to
-each container, so :func:`remove_project` and :func:`cleanup_all` find what a dead runner left.
-The project is written to the run's journal (kind ``compose_project``) before anything starts.
+each container, so :func:`remove_project` finds what a dead runner left. The project is written
+to the run's journal (kind ``compose_project``) before anything starts, and ``kvchaos cleanup``
+removes only the projects of journals whose runner is gone: never every ``kvchaos-*`` project,
+which on a shared host would take down other runs' stacks.
 
 Since every service uses ``network_mode: host`` and the ports come from the same variables, the
 addresses in ``settings`` are the same as under LocalStack. Paths under ``${KVCHAOS_RUN_DIR}``
@@ -395,22 +397,6 @@ def remove_project(project: str, client: docker.DockerClient | None = None) -> d
     """
     client = client or docker_client()
     return _sweep(client, lambda labels: labels.get(LABEL_PROJECT) == project)
-
-
-def cleanup_all(client: docker.DockerClient | None = None) -> dict[str, list[str]]:
-    """Remove every container (labelled ``io.kvchaos.run`` or of a ``kvchaos-*`` compose
-    project), and every network and volume of a ``kvchaos-*`` project: what ``kvchaos cleanup``
-    runs for the compose backend.
-
-    Returns:
-        ``{"containers": [names], "networks": [names], "volumes": [names]}`` removed.
-
-    Raises:
-        StackError: no Docker engine answers.
-    """
-    client = client or docker_client()
-    return _sweep(client, lambda labels: LABEL_RUN in labels
-                  or labels.get(LABEL_PROJECT, "").startswith(PROJECT_PREFIX))
 
 
 def _sweep(client: docker.DockerClient, match: Any) -> dict[str, list[str]]:
@@ -1043,6 +1029,6 @@ class ComposeStack(Stack):
                    journal=journal, spec=spec)
 
 
-__all__ = ["ComposeStack", "build_image", "build_context_tar", "cleanup_all", "remove_project",
+__all__ = ["ComposeStack", "build_image", "build_context_tar", "remove_project",
            "compose_command", "docker_client", "engine_available", "image_exists", "project_name",
            "resolved_compose", "LABEL_RUN", "LABEL_PROJECT", "LABEL_SERVICE", "PROJECT_PREFIX"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chaos.stack.base import StackError
-from chaos.stack.compose import (LABEL_RUN, ComposeStack, build_context_tar, cleanup_all,
+from chaos.stack.compose import (LABEL_RUN, ComposeStack, build_context_tar,
                                  project_name)
 from kvchaos_support import default_sigint
 
@@ -234,20 +234,6 @@ def test_missing_image_without_build_is_a_clear_error(docker, leftovers, stack_e
     with pytest.raises(StackError, match="is not present and the service has no build"):
         stack.up()
     assert leftovers(stack.project) == NOTHING
-
-
-def test_cleanup_all_removes_what_a_dead_runner_left(docker, leftovers, redis_stack):
-    stack = redis_stack
-    stack.up()  # and never down(): the runner "died"
-    try:
-        assert leftovers(stack.project)["volumes"]
-        removed = cleanup_all(docker)
-        assert len([c for c in removed["containers"] if c.startswith(stack.project)]) == 3
-        assert stack.project + "_default" in removed["networks"]
-        assert leftovers(stack.project) == NOTHING
-        assert not docker.containers.list(all=True, filters={"label": LABEL_RUN})
-    finally:
-        stack._unmount_l2()
 
 
 def test_kvchaos_cleanup_takes_down_a_project_from_the_journal(docker, leftovers, redis_stack):
