@@ -29,6 +29,7 @@ class HookServer(BaseHTTPRequestHandler):
     running: list[str] = []
     preemptions = 0
     bodies: list[dict] = []
+    times: list[float] = []  # time.monotonic() as each call came (same host clock as the test)
     lock = threading.Lock()
 
     def log_message(self, *args) -> None:
@@ -48,6 +49,7 @@ class HookServer(BaseHTTPRequestHandler):
         cls = type(self)
         with cls.lock:
             cls.bodies.append(body)
+            cls.times.append(time.monotonic())
             rid = body["request_id"]
             ids = list(cls.running) if rid == "all" else cls.running[-1:] if rid == "newest" else \
                 [r for r in cls.running if r == rid]
@@ -65,7 +67,7 @@ class HookServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    HookServer.running, HookServer.preemptions, HookServer.bodies = [], 0, []
+    HookServer.running, HookServer.preemptions, HookServer.bodies, HookServer.times = [], 0, [], []
     with http_server(HookServer) as p:
         yield p
 
@@ -84,15 +86,22 @@ def stack_for(tmp_path: Path, port: int, text: str = STACK) -> LocalStack:
 
 
 def test_calls_the_hook_every_interval_until_heal(server, tmp_path):
+    # Counted, not timed: a sleep of 0.45 s and "4 to 6 calls" failed under 4 busy loops
+    # (2026-12-03, `make test` loaded). The k-th call is never sent before k intervals after
+    # apply (a lower bound that holds under any load); it is awaited, not expected by a time.
     HookServer.running = ["r0", "r1", "r2"]
     f = fault("preempt", target="all", interval="100ms")
     ctx = FaultContext(stack=stack_for(tmp_path, server))
+    t_apply = time.monotonic()
     applied = f.apply(ctx)
     assert applied["hook"] == f"http://127.0.0.1:{server}/hooks/preempt"
-    time.sleep(0.45)
+    deadline = time.monotonic() + 60
+    while len(HookServer.bodies) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
     healed = f.heal(ctx)
     calls = len(HookServer.bodies)
-    assert 4 <= healed["calls"] == calls <= 6
+    assert healed["calls"] == calls >= 4
+    assert all(t >= t_apply + k * 0.1 for k, t in enumerate(HookServer.times)), HookServer.times
     assert all(b == {"request_id": "all"} for b in HookServer.bodies)
     time.sleep(0.25)
     assert len(HookServer.bodies) == calls  # stopped at heal
