@@ -35,6 +35,20 @@ class Counters:
         self.counter = 10.0
         self.gauge = 0.0
         self.lock = threading.Lock()
+        self.served = {"/metrics": 0, "/status": 0}  # answers given, per path
+
+    def change(self, paths: tuple[str, ...] = ("/metrics",), **values: float) -> None:
+        """Set ``values``, then wait until each of ``paths`` was answered once with them: a
+        sample that saw the change (an event; a sleep of a few sampling periods is outlasted
+        on a loaded host, where the sampler thread may not run for 300 ms)."""
+        with self.lock:
+            for k, v in values.items():
+                setattr(self, k, v)
+            seen = {p: self.served[p] for p in paths}
+        deadline = time.monotonic() + 60
+        while any(self.served[p] <= n for p, n in seen.items()):
+            assert time.monotonic() < deadline, f"no sample of {paths} after the change to {values}"
+            time.sleep(0.01)
 
 
 def handler_for(state: Counters) -> type[BaseHTTPRequestHandler]:
@@ -44,6 +58,8 @@ def handler_for(state: Counters) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self):
             with state.lock:
+                if self.path in state.served:
+                    state.served[self.path] += 1
                 if self.path == "/metrics":
                     body = ("# TYPE x_failures_total counter\n"
                             f'x_failures_total{{reason="not_found"}} {state.counter}\n'
@@ -85,12 +101,9 @@ def test_counter_growth_with_labels_and_a_reset(served):
     w = TriggerWatch([c], stack, every_s=0.05)
     w.begin()
     w.start()
-    state.counter = 13.0              # +3
-    time.sleep(0.3)
-    state.counter = 1.0               # the service restarted: counting goes on from 0 (+1)
-    time.sleep(0.3)
-    state.counter = 2.0               # +1: 5 in all, although the final value is below the baseline
-    time.sleep(0.3)
+    state.change(counter=13.0)        # +3
+    state.change(counter=1.0)         # the service restarted: counting goes on from 0 (+1)
+    state.change(counter=2.0)         # +1: 5 in all, although the final value is below the baseline
     r = w.finish()
     (row,) = r["conditions"]
     assert row["baseline"] == 10.0 and row["final"] == 2.0
@@ -104,10 +117,8 @@ def test_gauge_peak_is_seen_by_sampling_not_only_at_heal(served):
                       cond(json="l1.locked", url="/status", service="engine", reached=3)], stack, every_s=0.05)
     w.begin()
     w.start()
-    state.gauge = 4.0
-    time.sleep(0.3)
-    state.gauge = 0.0                 # back to 0 before heal
-    time.sleep(0.2)
+    state.change(("/metrics", "/status"), gauge=4.0)
+    state.change(("/metrics", "/status"), gauge=0.0)  # back to 0 before heal
     r = w.finish()
     assert [c["max"] for c in r["conditions"]] == [4.0, 4.0]
     assert [c["final"] for c in r["conditions"]] == [0.0, 0.0]
