@@ -54,7 +54,7 @@ class FaultParams(BaseModel):
     are done); the fault is healed ``duration`` seconds after it is applied, or when the phase
     ends (after its requests are done) with ``until: end``. ``hold_requests``: the phase's
     requests not yet sent when the fault is due wait until its apply returns (the runner's
-    request gate, chaos/runner/run.py ``_run_phase``).
+    request gate, chaos/runner/run.py ``_run_phase``), and its ``duration`` counts from then.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -78,7 +78,8 @@ class FaultParams(BaseModel):
         default=False,
         description="the phase's requests not yet sent when the fault is due wait until it is in "
         "place, so requests still come after it however late its apply lands on a loaded host "
-        "(those in flight go on: a kill at 200ms still meets them); for a fault that starts mid-phase",
+        "(those in flight go on: a kill at 200ms still meets them); its `duration` then counts from when "
+        "it is in place; for a fault that starts mid-phase",
     )
     duration: PositiveDuration | None = Field(
         default=None, description="how long the fault lasts (> 0); exactly one of duration/until"

@@ -267,6 +267,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     gate = asyncio.Event()
     gate.set()
     holding = [0]
+    in_place_at: dict[int, float] = {}  # id(fault) -> when its apply returned (held faults)
 
     async def apply_holding(fault: Fault) -> None:
         holding[0] += 1
@@ -274,6 +275,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         try:
             await asyncio.to_thread(nemesis.apply, fault, phase.name)
         finally:
+            in_place_at[id(fault)] = time.monotonic()
             holding[0] -= 1
             if holding[0] == 0:
                 gate.set()
@@ -284,14 +286,19 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         if p.after == "requests":
             await requests_done.wait()
             t0 = requests_done_at[0]
+        heal_at = None if p.duration is None else t0 + p.start + p.duration
         if not applied:
             await asyncio.sleep(max(0.0, p.start - (time.monotonic() - t0)))
             if p.hold_requests:
                 await apply_holding(fault)
             else:
                 await asyncio.to_thread(nemesis.apply, fault, phase.name)
-        if p.duration is not None:
-            await asyncio.sleep(max(0.0, p.start + p.duration - (time.monotonic() - t0)))
+        if p.hold_requests and heal_at is not None:
+            # Held: its `duration` counts from when it is in place, so the requests it held
+            # meet it for that long however late the apply landed.
+            heal_at = in_place_at.get(id(fault), time.monotonic()) + p.duration
+        if heal_at is not None:
+            await asyncio.sleep(max(0.0, heal_at - time.monotonic()))
             entry = next(e for e in nemesis.applied if e.fault is fault)
             await asyncio.to_thread(nemesis.heal, entry)
 
@@ -303,6 +310,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     try:
         for f in first:  # in place before the first request is sent
             await asyncio.to_thread(nemesis.apply, f, phase.name)
+            in_place_at[id(f)] = time.monotonic()
         tasks = [asyncio.create_task(fault_timeline(f, f in first)) for f in faults]
         if conversations:
             assert client is not None  # load_and_validate: a stack without engine_url sends nothing

@@ -146,6 +146,9 @@ def _merge(s: Scenario, windows: dict[str, float] | None = None) -> Iterator[Can
                 f.until = None
                 f.duration = round(max(0.5, windows.get(f.id, length)), 3)
             f.after = "requests"
+            # Nothing left to hold: the phase's requests are done before the fault starts (and
+            # the model refuses `hold_requests` with `after: requests`).
+            f.hold_requests = False
             into.faults.append(f)
         del c.phases[i]
         n = s.phase_requests(src)

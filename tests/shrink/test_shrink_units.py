@@ -11,7 +11,7 @@ import pytest
 from chaos.scenario.loader import load_scenario
 from chaos.scenario.model import Scenario
 from chaos.shrink.cli import scenario_yaml
-from chaos.shrink.shrink import normalise, reductions, shrink, size
+from chaos.shrink.shrink import _valid, normalise, reductions, shrink, size
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -246,3 +246,15 @@ def test_merge_gives_an_until_end_fault_the_window_it_had() -> None:
     (f,) = c.phases[0].faults
     assert (f.after, f.until, f.duration, f.start) == ("requests", None, 7.25, 0.0)
     assert "after: requests" in scenario_yaml(c, REPO / "scenarios" / "x.yaml")
+
+
+def test_merge_keeps_a_fault_that_held_requests_valid() -> None:
+    """The input: node-exit-lmcache's kill holds the outage requests (`hold_requests`); merged
+    into warm it comes after warm's requests (`after: requests`), a pair the model refuses, so
+    the merge candidate was invalid and silently skipped (found in review)."""
+    s = normalise(_scenario("node-exit-lmcache"), "hit_recovery")
+    assert [f.hold_requests for p in s.phases for f in p.faults] == [True]
+    (c,) = [c for change, c in reductions(s, {}) if change.startswith("merge phase outage")]
+    (f,) = c.phases[0].faults
+    assert (f.after, f.hold_requests) == ("requests", False)
+    assert _valid(c)
