@@ -141,11 +141,16 @@ def test_signal_mid_fault_heals_and_keeps_the_report(env, tmp_path, sig, times):
     assert list(all_journals(state / "journal")) == []
 
 
-# Started by a hook fault while redis is killed: another program takes redis's port (detached, so
-# it outlives the hook; its pid goes to a file for the test to end it).
+# Started by a hook fault with redis's kill: another program takes redis's port as soon as redis
+# has let it go (it retries the bind for up to 120 s, so it does not matter which of the hook and
+# the kill a loaded host runs first), detached so it outlives the hook; its pid goes to a file for
+# the test to end it. The hook's apply returns once it listens.
 SQUAT = """import subprocess, sys
-srv = ("import socket, sys\\ns = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\\n"
-       "print('listening', flush=True)\\nwhile True:\\n    c, _ = s.accept(); c.sendall(b'+PONG\\\\r\\\\n'); c.close()\\n")
+srv = ("import socket, sys, time\\ndeadline = time.monotonic() + 120\\nwhile True:\\n"
+       "    s = socket.socket()\\n    try:\\n        s.bind(('127.0.0.1', int(sys.argv[1]))); break\\n"
+       "    except OSError:\\n        s.close()\\n        if time.monotonic() > deadline: raise\\n"
+       "        time.sleep(0.01)\\n"
+       "s.listen()\\nprint('listening', flush=True)\\nwhile True:\\n    c, _ = s.accept(); c.sendall(b'+PONG\\\\r\\\\n'); c.close()\\n")
 p = subprocess.Popen([sys.executable, '-c', srv, sys.argv[1]], stdout=subprocess.PIPE, text=True,
                      start_new_session=True)
 assert p.stdout.readline().strip() == 'listening'
@@ -154,11 +159,16 @@ open(sys.argv[2], 'w').write(str(p.pid))
 
 
 def test_a_heal_that_fails_is_an_infrastructure_error(env, tmp_path):
-    """Redis is killed and restarted by its fault; meanwhile another program binds its port, so
-    the restart fails. That heal's error is an infrastructure error (exit 3, verdict unknown,
+    """Redis is killed; another program binds its port while it is down, so the kill's heal
+    cannot start it again. That heal's error is an infrastructure error (exit 3, verdict unknown,
     `error` naming the fault, the service, the port and the other process), not a liveness
     failure of the system under test: the next phase does not run, the other fault is still
-    healed, the failed fault's evidence is recorded and the report written."""
+    healed, the failed fault's evidence is recorded and the report written.
+
+    Ordered by events, not by time: the phase heals its `until: end` faults once every fault's
+    apply has returned, and the squatter's returns once it holds the port. The input that
+    showed it: with `restart_after: 1s` and the squatter 300 ms in, a loaded host (4 busy
+    loops) ran redis's restart before the squatter's two interpreters had bound the port."""
     squat, pidfile = tmp_path / "squat.py", tmp_path / "squatter.pid"
     squat.write_text(SQUAT)
     scenario = tmp_path / "heal-fails.yaml"
@@ -171,12 +181,12 @@ phases:
     requests: 0
     faults:
       - {{kind: latency, name: slow-link, link: cache-link, latency_ms: 5, start: 0s, until: end}}
-      - {{kind: kill, name: kill-redis, service: redis, signal: SIGKILL, restart_after: 1s, duration: 2s}}
+      - {{kind: kill, name: kill-redis, service: redis, signal: SIGKILL, start: 0s, until: end}}
       - kind: hook
         name: squatter
         service: redis
-        start: 300ms
-        duration: 1s
+        start: 0s
+        until: end
         apply: {{argv: [{sys.executable}, {squat}, "${{REDIS_PORT}}", {pidfile}]}}
         evidence: {{argv: ["true"]}}
   - name: after
@@ -189,11 +199,12 @@ checks:
     try:
         r = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir",
                             str(tmp_path / "reports")], env=env, capture_output=True, text=True, timeout=300)
-        squatter = int(pidfile.read_text())
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
     out = r.stdout + r.stderr
+    assert pidfile.exists(), f"the squatter never held redis's port:\n{out[-3000:]}"
+    squatter = int(pidfile.read_text())
     assert r.returncode == 3, out[-3000:]
     (run,) = [d for d in (tmp_path / "reports").iterdir() if d.name.startswith("heal-fails")]
     result = json.loads((run / "result.json").read_text())
