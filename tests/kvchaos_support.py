@@ -11,6 +11,8 @@
   upstreams (threads), for tests that drive traffic through the proxy.
 - ``http_server(handler)``: a small real HTTP server in a thread (a stand-in for an engine or
   LMCache HTTP API with just the routes a test needs).
+- ``flaky_stack(crashing)``: a stack file's text with one service, ``flaky``, whose start-ups
+  numbered in ``crashing`` exit 3 at once (a crash at start-up, no port held by another).
 """
 
 from __future__ import annotations
@@ -339,3 +341,20 @@ def scenario_text(name: str, phases: str, *, workload: str, checks: str, bugs: s
     checks (YAML text, ``phases`` and ``checks`` indented as items of their keys)."""
     return (f"name: {name}\ndescription: test\nstack: STACK\nseed: 5\nengine: {{bugs: {bugs}}}\n"
             f"variables: {variables}\nworkload: {workload}\nphases:\n{phases}checks:\n{checks}")
+
+
+def flaky_stack(crashing: str = "2") -> str:
+    """A stack file's text: one HTTP service, ``flaky``, whose start-ups numbered in ``crashing``
+    (comma-separated, counted in the stack folder's ``flaky-starts``) exit with code 3 at once, as
+    LMCache 0.5.6 did at start-up when its RESP workers' double close(2) hit its event loop's
+    epoll set (docs/findings/resp-adapter-workers-exit.md); the others serve on ``FLAKY_PORT``.
+    Default: the second start-up, i.e. a kill fault's restart, crashes."""
+    script = ("import os, sys; p = 'flaky-starts'; n = int(open(p).read()) + 1 if os.path.exists(p) else 1; "
+              "open(p, 'w').write(str(n)); sys.exit(3) if str(n) in sys.argv[2].split(',') else "
+              "os.execvp(sys.executable, [sys.executable, '-m', 'http.server', sys.argv[1], '--bind', '127.0.0.1'])")
+    return f"""
+services:
+  flaky:
+    command: [python, -c, "{script}", "${{FLAKY_PORT:-0}}", "{crashing}"]
+    healthcheck: {{test: [CMD, kvchaos, probe, "http://127.0.0.1:${{FLAKY_PORT:-0}}/"], interval: 100ms, retries: 100}}
+"""

@@ -23,6 +23,22 @@ unanswered (it marks the server unhealthy instead). A LOOKUP still unanswered ``
 after the server answers pings again was lost with the connection (a restarted server never
 got it), so it holds no lock anywhere we can reach: its lock frees are dropped, the adapter's
 stale futures are discarded, and END_SESSION is sent (it never creates a session).
+
+The same holds for a retrieve or store that timed out on the client (``mq_timeout``) while the
+server was frozen or its link stalled: the server still has the message and handles it once it
+runs again, on the worker's connection, which nothing orders with the scheduler's. Its handlers
+(lmcache ``EngineDrivenTransferModule.prepare_retrieve`` / ``commit_retrieve`` /
+``prepare_store`` / ``commit_store``) call ``session_manager.get_or_create``, so one handled
+after END_SESSION makes a session nothing ends until the session reaper (600 s); and a late
+PREPARE_RETRIEVE that succeeds releases the lookup's read locks itself (with the pickle
+transport this engine's CPU transfers use: ``PickleTransferStrategy.prepare_retrieve`` calls
+``finish_read_prefetched``), so a FREE of the same
+chunks would release them twice (the server's read locks are anonymous counts: the second could
+strip another reader's). The connector therefore records every transfer RPC's reply future per
+request id (:meth:`LMCacheConnector.unanswered_transfer`); the request's FREE and END_SESSION
+wait until those are answered, or for ``mq_timeout`` of health (then they were lost with the
+connection and the clean-ups are sent as they are); a FREE whose chunks a late successful
+PREPARE_RETRIEVE released is dropped.
 """
 
 from __future__ import annotations
@@ -97,6 +113,13 @@ class LMCacheConnector:
         self._replay_waiting: dict[str, float] = {}
         # Requests whose unanswered lookup was given up as lost: their lock frees are dropped.
         self._lost_lookups: set[str] = set()
+        # Request id -> its transfer RPCs (retrieve and store) whose reply had not come when
+        # last looked at: (operation, [start, end) of the key, reply future).
+        self._transfers: dict[str, list[tuple[str, int, int, object]]] = {}
+        # Request id -> [start, end) ranges whose read locks a (late) successful
+        # PREPARE_RETRIEVE released on the server: a FREE inside one is not sent.
+        self._released_by_retrieve: dict[str, list[tuple[int, int]]] = {}
+        self._transfers_lock = threading.Lock()
         self._stop = threading.Event()
         self._connect_thread: threading.Thread | None = None
         # Planted bug ``no-reconnect``: the connection was given up for good.
@@ -159,6 +182,7 @@ class LMCacheConnector:
         except Exception:
             scheduler.shutdown()
             raise
+        self._track_transfers(worker.req_client)
         infos = [EngineGroupInfo(engine_group_id=0,
                                  layer_indices=tuple(range(len(self.pool.layers))),
                                  tokens_per_block=self.block_size)]
@@ -197,6 +221,9 @@ class LMCacheConnector:
         self._deferred.clear()
         self._replay_waiting.clear()
         self.open_sessions.clear()
+        with self._transfers_lock:
+            self._transfers.clear()
+            self._released_by_retrieve.clear()
         self._lookup_started.clear()
         log.warning("planted bug no-reconnect: LMCache at %s abandoned for good", self.url)
 
@@ -234,6 +261,8 @@ class LMCacheConnector:
         self._attempt[request_id] = self._attempt.get(request_id, 0) + 1
         self._lost_lookups.discard(request_id)
         self.open_sessions.add(request_id)
+        with self._transfers_lock:  # a new lookup locks again: earlier releases do not count
+            self._released_by_retrieve.pop(request_id, None)
         return True
 
     def poll_lookup(self, request_id: str) -> LookupOutcome:
@@ -278,6 +307,12 @@ class LMCacheConnector:
             # locks are anonymous counts: a second release could strip another reader's).
             if not self.scheduler.is_healthy:  # type: ignore[union-attr]
                 return False
+            if self.unanswered_transfer(request_id):
+                return False  # a late retrieve may release these locks itself: wait for it
+            if self.released_by_retrieve(request_id, start, end):
+                log.warning("LMCache's late reply to the retrieve of %s released chunks "
+                            "[%d, %d) itself: their lock free is not sent", request_id, start, end)
+                return True
             self.scheduler.free_lookup_locks(  # type: ignore[union-attr]
                 token_ids, start, end, request_id, cache_salt=salt)
             return True
@@ -298,6 +333,8 @@ class LMCacheConnector:
             scheduler = self.scheduler
             if not scheduler.is_healthy:  # type: ignore[union-attr]
                 return False
+            if self.unanswered_transfer(request_id):
+                return False  # the server would make the session again when it handles it
             scheduler.end_session(request_id)  # type: ignore[union-attr]
             if not scheduler.is_healthy:  # type: ignore[union-attr]
                 # The adapter gave up waiting for this request's LOOKUP or status reply and
@@ -307,6 +344,8 @@ class LMCacheConnector:
             self.open_sessions.discard(request_id)
             self._attempt.pop(request_id, None)
             self._lost_lookups.discard(request_id)
+            with self._transfers_lock:
+                self._released_by_retrieve.pop(request_id, None)
             return True
 
         self._send_or_defer(request_id, False, send)
@@ -348,6 +387,82 @@ class LMCacheConnector:
         status = getattr(scheduler, "_lookup_status", {}).get(request_id, {})
         return any(not fut.query() for fut, _ in status.values())
 
+    # ---- transfer RPCs the server may still handle --------------------------------------
+    TRACKED_TRANSFERS = ("prepare_retrieve", "commit_retrieve", "prepare_store", "commit_store")
+
+    def _track_transfers(self, client: object) -> None:
+        """Record the reply future of every transfer RPC the worker adapter sends.
+
+        Wraps ``client``'s :attr:`TRACKED_TRANSFERS` methods (lmcache ``RequestClient``: each
+        takes the ``IPCCacheServerKey`` first and returns a ``MessagingFuture``) on the
+        instance, so the adapter's transfer contexts, which hold the same client, go through
+        the wrappers. The adapter drops a future its ``mq_timeout`` gave up on; the message
+        queue client still completes it when the late reply comes.
+        """
+        if getattr(client, "_kvchaos_tracked", False):
+            return
+        for op in self.TRACKED_TRANSFERS:
+            original = getattr(client, op, None)
+            if original is None:
+                continue
+
+            def wrapped(key, *args, _original=original, _op=op, **kwargs):
+                future = _original(key, *args, **kwargs)
+                self._note_transfer(_op, key, future)
+                return future
+
+            setattr(client, op, wrapped)
+        client._kvchaos_tracked = True  # type: ignore[attr-defined]
+
+    def _note_transfer(self, op: str, key: object, future: object) -> None:
+        request_id = getattr(key, "request_id", None)
+        if request_id is None:
+            return
+        row = (op, int(getattr(key, "start", 0)), int(getattr(key, "end", 0)), future)
+        with self._transfers_lock:
+            self._transfers.setdefault(request_id, []).append(row)
+
+    def unanswered_transfer(self, request_id: str) -> bool:
+        """True while a retrieve or store RPC of ``request_id`` has had no reply.
+
+        Replies that came are settled here: a PREPARE_RETRIEVE answered ``success`` marks its
+        ``[start, end)`` as released by the server (:meth:`released_by_retrieve`).
+        """
+        with self._transfers_lock:
+            rows = self._transfers.get(request_id)
+            if not rows:
+                return False
+            waiting = []
+            for op, start, end, future in rows:
+                if not future.query():  # type: ignore[attr-defined]
+                    waiting.append((op, start, end, future))
+                    continue
+                if op == "prepare_retrieve":
+                    try:
+                        reply = future.result(timeout=0)  # type: ignore[attr-defined]
+                    except Exception:  # noqa: BLE001 - a failed reply released nothing
+                        reply = None
+                    if getattr(reply, "success", False):
+                        self._released_by_retrieve.setdefault(request_id, []).append((start, end))
+            if waiting:
+                self._transfers[request_id] = waiting
+            else:
+                del self._transfers[request_id]
+            return bool(waiting)
+
+    def released_by_retrieve(self, request_id: str, start: int, end: int) -> bool:
+        """True when a successful PREPARE_RETRIEVE of ``request_id`` covered ``[start, end)``
+        (the server released those chunks' lookup read locks when it handled it)."""
+        with self._transfers_lock:
+            return any(s <= start and end <= e
+                       for s, e in self._released_by_retrieve.get(request_id, ()))
+
+    def forget_transfers(self, request_id: str) -> None:
+        """Give up waiting for ``request_id``'s unanswered transfer RPCs (lost with the
+        connection)."""
+        with self._transfers_lock:
+            self._transfers.pop(request_id, None)
+
     def flush_deferred(self) -> None:
         """Send the clean-ups kept while the server was unhealthy (call once per step).
 
@@ -356,7 +471,9 @@ class LMCacheConnector:
         server does hold the locks); after that the message was lost with the connection:
         its lock frees are dropped (nothing of it is locked on this server, and FREE would
         create a session here), the adapter's stale futures are discarded and END_SESSION is
-        sent.
+        sent. A request with a transfer RPC still unanswered (:meth:`unanswered_transfer`)
+        waits the same way; when the reply never comes its clean-ups are sent as they are (the
+        server never handled it, so the lookup's locks are still held).
         """
         if not self._deferred or not self.healthy:
             return
@@ -366,6 +483,15 @@ class LMCacheConnector:
             if self._deferred_for(request_id):
                 self._deferred.append((request_id, is_free, send))  # keep the order
                 continue
+            if self.unanswered_transfer(request_id):
+                since = self._replay_waiting.setdefault(request_id, now)
+                if since + self.mq_timeout > now:  # a late retrieve or store reply may still come
+                    self._deferred.append((request_id, is_free, send))
+                    continue
+                log.warning("LMCache never answered a retrieve or store of %s: it was lost with "
+                            "the connection; sending its clean-ups", request_id)
+                self.forget_transfers(request_id)
+                self._replay_waiting.pop(request_id, None)
             if request_id not in self._lost_lookups and self.unanswered_lookup(request_id):
                 since = self._replay_waiting.setdefault(request_id, now)
                 if now - since < self.mq_timeout:
@@ -465,6 +591,8 @@ class LMCacheConnector:
         except Exception as exc:  # noqa: BLE001 - a failed load is a miss, never a crash
             log.warning("retrieve %s failed: %s", request_id, exc)
             return False
+        finally:
+            self.unanswered_transfer(request_id)  # settle the replies that came in time
         if dropped:
             log.warning("retrieve %s dropped by the adapter (LMCache unhealthy); the server "
                         "still holds its lookup locks", request_id)
@@ -499,6 +627,8 @@ class LMCacheConnector:
         except Exception as exc:  # noqa: BLE001
             log.warning("store %s failed: %s", request_id, exc)
             return False
+        finally:
+            self.unanswered_transfer(request_id)  # settle the replies that came in time
 
     def close(self) -> None:
         """Stop the connect loop and shut the adapters down (unregisters the KV caches)."""

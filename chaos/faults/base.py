@@ -146,6 +146,9 @@ class FaultContext:
         rng: seeded from the scenario seed; the only randomness a fault may use.
         scenario_dir: folder of the scenario file (for paths a fault names).
         phase: name of the phase the fault belongs to.
+        judges_service_exits: the scenario has a check that fails on a service exit no fault
+            caused (liveness); without one, a fault must not leave such an exit for the
+            verdict to ignore (chaos/faults/kill.py raises instead: unknown, never a pass).
     """
 
     proxy: ToxiproxyClient | None = None
@@ -154,6 +157,7 @@ class FaultContext:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     scenario_dir: Path = field(default_factory=Path.cwd)
     phase: str = ""
+    judges_service_exits: bool = False
 
 
 class Fault(ABC):

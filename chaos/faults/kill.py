@@ -7,7 +7,13 @@
     heal  ── the service is started again (if it is not running yet) and waited healthy;
              LMCache: then until the engine uses the new server again (chaos/stack/reconnect.py);
              raises when that restart, or the timer's, failed (the runner: an infrastructure
-             error, since the stack was not the scenario's for a while)
+             error, since the stack was not the scenario's for a while); except when a restart
+             started the service and it then exited on its own before it became healthy, no
+             other process holding its ports (StackError.exited), in a scenario with a liveness
+             check: that is the service failing to come back under the scenario's faults (a
+             crash at start-up), recorded as an exit no fault caused, which liveness fails on;
+             heal then starts it again (up to HEAL_STARTS times, each crash recorded the same
+             way), so the scenario goes on with the stack whole
 
 The stack records the exit as expected (``stack.exits``, ``expected=True``), so the liveness
 check does not count it as an unexplained death. Field reports: F5 (the engine's worker died),
@@ -32,6 +38,9 @@ __all__ = ["KillParams", "Kill", "wait_exited", "require_stack"]
 #: SIGTERM it waits the service's ``stop_grace_period`` (compose: how long a graceful stop may
 #: take), at least 1 s.
 EXIT_WAIT_S = 10.0
+#: How many times heal starts a service whose start-ups crash on their own (StackError.exited)
+#: before it gives up (an infrastructure error then: the stack cannot be made whole).
+HEAL_STARTS = 3
 
 
 class KillParams(FaultParams):
@@ -86,6 +95,9 @@ class Kill(Fault):
         self._new_pid: int | None = None
         self._restarted_at: float | None = None
         self._restart_error: str | None = None
+        # Restarts that started the service, which then exited on its own before it was
+        # healthy (StackError.exited): the service's failures, not the infrastructure's.
+        self._crashes: list[str] = []
         self._restarted_by: str | None = None
         self._timer: threading.Timer | None = None
         self._exits_before = 0
@@ -136,7 +148,11 @@ class Kill(Fault):
                     stack.start(self.params.service, wait=True)
                     self._restarted_by = by
             except Exception as exc:  # reported by heal (timer) or raised (heal)
-                self._restart_error = f"{type(exc).__name__}: {exc}"
+                if getattr(exc, "exited", False):
+                    stack.status()  # the stack records the crashed process's exit (unexpected)
+                    self._crashes.append(f"{by}: {type(exc).__name__}: {exc}")
+                else:
+                    self._restart_error = f"{type(exc).__name__}: {exc}"
                 if by == "heal":
                     raise
             finally:
@@ -152,7 +168,11 @@ class Kill(Fault):
                 port, named with its pid); RuntimeError: the timer's restart (``restart_after``)
                 had failed, even when heal's own restart then worked: between the two the stack
                 ran without the service, which the scenario does not describe (and the failed
-                process's exit would read as an unexplained death).
+                process's exit would read as an unexplained death). Not raised when the timer's
+                restarted process exited on its own (StackError.exited, no lost bind): that
+                exit is the service's, recorded as unexpected (``crashed_at_restart`` in the
+                result; the liveness check names it), and heal's own restart is then required
+                to succeed as any other.
         """
         if not self._applied or ctx.stack is None:
             return {"service": self.params.service, "restarted": False, "reason": "not applied here"}
@@ -160,20 +180,34 @@ class Kill(Fault):
         if timer is not None:
             timer.cancel()  # not fired yet: heal restarts now; fired: join waits for it
             timer.join()
-        if self._restart_error is not None and self._restarted_by is None:
+        if (self._restart_error is not None or self._crashes) and self._restarted_by is None:
             # The timer's restart failed; try once more now, so heal leaves the stack whole.
             self._restarted_at = None
-        self._restart(ctx.stack, "heal")
+        for attempt in range(1, HEAL_STARTS + 1):
+            try:
+                self._restart(ctx.stack, "heal")
+                break
+            except Exception as exc:
+                # A crash at start-up is the service's (recorded, judged by liveness): start it
+                # again, a few times, so the scenario goes on with the stack whole.
+                if not (getattr(exc, "exited", False) and ctx.judges_service_exits and attempt < HEAL_STARTS):
+                    raise
+                self._restarted_at = None
         down_s = (self._restarted_at - self._killed_at) if self._killed_at and self._restarted_at else None
         out = {"service": self.params.service, "restarted": self._restarted_by is not None,
                "restarted_by": self._restarted_by,
-               "pid": self._new_pid, "down_s": down_s, "timer_error": self._restart_error}
+               "pid": self._new_pid, "down_s": down_s, "timer_error": self._restart_error,
+               "crashed_at_restart": "; ".join(self._crashes) or None}
         if ctx.stack.engine_under_lmcache([self.params.service]):
             # The next phase starts once the engine uses the new LMCache server again.
             out["engine"] = ctx.stack.wait_engine_reconnected(self._contexts)
         if self._restart_error is not None:
             raise RuntimeError(f"the restart of service {self.params.service!r} {self.params.restart_after:g}s after "
                                f"the kill failed ({self._restart_error}); it was started again at heal")
+        if self._crashes and not ctx.judges_service_exits:
+            raise RuntimeError(f"the restart of service {self.params.service!r} {self.params.restart_after:g}s after "
+                               f"the kill failed ({self._crashes[0]}); it was started again at heal, and no "
+                               "check of the scenario judges a service exit (add liveness)")
         return out
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:

@@ -408,7 +408,8 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
 
         proxy_client = ToxiproxyClient(settings.proxy.api)
     ctx = FaultContext(proxy=proxy_client, stack=stack, history=history, rng=random.Random(scenario.seed),
-                       scenario_dir=scenario.source.parent if scenario.source else Path.cwd())
+                       scenario_dir=scenario.source.parent if scenario.source else Path.cwd(),
+                       judges_service_exits=scenario.checks.liveness is not None)
     nemesis = Nemesis(ctx, history, journal, settings.proxy.api if settings.proxy else None)
     exits_before = len(stack.exits)
     snapshots = Snapshots(chunk_size=settings.chunk_size)

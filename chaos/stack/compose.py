@@ -772,7 +772,7 @@ class ComposeStack(Stack):
             lost = self.foreign_listeners(service)
             why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
             raise StackError(f"service {service!r} exited (code {state.get('ExitCode')}) before it became healthy{why}",
-                             service, self._log_tail(service))
+                             service, self._log_tail(service), exited=not lost)
         url = host_probe_url(self.spec, service)
         if url is not None:
             hc = self.spec.services[service].healthcheck

@@ -363,7 +363,7 @@ class LocalStack(Stack):
             lost = self.foreign_listeners(name)
             why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
             raise StackError(f"service {name!r} exited (code {rc}) before it became healthy{why}", name,
-                             log_tail(self.log_dir / f"{name}.log"))
+                             log_tail(self.log_dir / f"{name}.log"), exited=proc is not None and not lost)
         hc = self.spec.services[name].healthcheck
         argv = hc.argv() if hc else None
         if argv is None:

@@ -127,6 +127,12 @@ def test_failed_load_with_policy_fail_is_a_500(make_engine, own_stack: LMCacheSt
     assert eng.metric("kvchaos_engine_load_failures_total") == 1
     assert eng.state()["blocks_held_by_requests"] == 0
     assert len(ids(eng.complete([1, 2, 3], 2))) >= 1  # still serving
+    # The frozen server still had the timed-out retrieve queued and handled it once resumed: the
+    # engine's FREE and END_SESSION must follow it (tests/engine/test_connector_late_transfers.py),
+    # or the retrieve releases the locks a second time and makes the ended session again.
+    assert wait_clean(own_stack, 15) == (0, 0), [
+        line for line in own_stack.server.tail(400).splitlines() if "session" in line.lower()]
+    assert "finish read on non-read-locked key" not in own_stack.server.tail(2000)
 
 
 def test_engine_starts_before_lmcache_and_connects_later(make_engine, tmp_path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from chaos.faults.base import FaultContext
 from chaos.journal import open_entries
 from chaos.stack.local import LocalStack
-from kvchaos_support import fault, local_stack, started
+from kvchaos_support import fault, flaky_stack, local_stack, started
 
 STACK = """
 x-kvchaos:
@@ -154,3 +154,48 @@ def test_signal_is_sigkill_or_sigterm():
     with pytest.raises(ValidationError):
         fault("kill", service="web", signal="SIGHUP")
     assert fault("kill", service="web").params.signal == "SIGKILL"
+
+
+def _crash_at_timed_restart(tmp_path: Path, judges: bool, crashing: str = "2"):
+    with started(local_stack(tmp_path, flaky_stack(crashing))) as st:
+        f = fault("kill", service="flaky", restart_after="300ms")
+        ctx = FaultContext(stack=st, judges_service_exits=judges)
+        f.apply(ctx)
+        deadline = time.monotonic() + 30
+        while f._restarted_at is None and time.monotonic() < deadline:  # the timer has run
+            time.sleep(0.05)
+        assert f._restarted_at is not None, "the timer never ran"
+        return f.heal(ctx), st.unexpected_exits(), st.status()["flaky"].state, f.evidence(ctx)
+
+
+@pytest.mark.slow
+def test_a_timed_restart_that_crashes_is_the_services_exit_not_an_infrastructure_error(tmp_path):
+    healed, unexpected, state, ev = _crash_at_timed_restart(tmp_path, judges=True)
+    assert "exited (code 3) before it became healthy" in healed["crashed_at_restart"]
+    assert "lost bind" not in healed["crashed_at_restart"]
+    assert healed["timer_error"] is None and healed["restarted_by"] == "heal"
+    assert [(e.service, e.returncode, e.expected) for e in unexpected] == [("flaky", 3, False)]
+    assert state == "running" and ev["bit"] is True
+
+
+@pytest.mark.slow
+def test_a_timed_restart_that_crashes_is_unknown_when_no_check_judges_exits(tmp_path):
+    with pytest.raises(RuntimeError, match=r"(?s)restart of service 'flaky' 0.3s after the kill failed .*exited "
+                                           r"\(code 3\).*add liveness"):
+        _crash_at_timed_restart(tmp_path, judges=False)
+
+
+@pytest.mark.slow
+def test_heal_starts_again_a_service_whose_start_ups_crash(tmp_path):
+    """The timer's restart and heal's first start crash; heal's second start serves."""
+    healed, unexpected, state, _ = _crash_at_timed_restart(tmp_path, judges=True, crashing="2,3")
+    assert healed["crashed_at_restart"].count("exited (code 3)") == 2
+    assert healed["crashed_at_restart"].startswith("timer: ") and "; heal: " in healed["crashed_at_restart"]
+    assert [(e.returncode, e.expected) for e in unexpected] == [(3, False), (3, False)]
+    assert state == "running"
+
+
+@pytest.mark.slow
+def test_heal_gives_up_when_every_start_up_crashes(tmp_path):
+    with pytest.raises(Exception, match=r"exited \(code 3\) before it became healthy"):
+        _crash_at_timed_restart(tmp_path, judges=True, crashing="2,3,4,5,6")

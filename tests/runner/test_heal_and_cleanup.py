@@ -19,7 +19,7 @@ from chaos.journal import all_journals, open_entries
 from chaos.procid import same_process
 from chaos.stack.probe import listeners
 from chaos.stack.spec import free_port
-from kvchaos_support import communicate_or_dump, default_sigint
+from kvchaos_support import communicate_or_dump, default_sigint, flaky_stack
 
 DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.slow
@@ -219,3 +219,50 @@ checks:
     assert heals["slow-link"]["type"] == "ok" and heals["slow-link"]["value"]["removed"] is True
     assert heals["kill-redis"]["type"] == "fail" and heals["kill-redis"]["value"]["evidence"]["bit"] is True
     assert (run / "report.html").exists() and (run / "junit.xml").exists()
+
+
+@pytest.mark.parametrize("checks, exit_code, verdict", [
+    ("liveness: {}\n  evidence: {}", 1, "failed"),
+    ("evidence: {}", 3, "unknown"),
+])
+def test_a_service_that_crashes_at_its_timed_restart_fails_liveness(env, tmp_path, checks, exit_code, verdict):
+    """The crash is the service's (liveness fails, naming the exit, and heal starts it again so
+    the next phase runs); a scenario with no check that judges service exits cannot call it, so
+    there it is an infrastructure error (unknown), never a pass. The input that showed it: stop
+    26's CI, where LMCache's timed restart in redis-refused-at-lmcache-start (real Toxiproxy)
+    died at start-up and the run ended unknown."""
+    stack = tmp_path / "flaky.yml"
+    stack.write_text(flaky_stack())
+    scenario = tmp_path / "crash-at-restart.yaml"
+    scenario.write_text(f"""
+name: crash-at-restart
+stack: {stack}
+seed: 1
+phases:
+  - name: down
+    requests: 0
+    faults:
+      - {{kind: kill, name: kill-flaky, service: flaky, signal: SIGKILL, restart_after: 300ms, duration: 3s}}
+  - name: after
+    requests: 0
+    duration: 1s
+checks:
+  {checks}
+""")
+    r = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir",
+                        str(tmp_path / "reports")], env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == exit_code, out[-3000:]
+    (run,) = [d for d in (tmp_path / "reports").iterdir() if d.name.startswith("crash-at-restart")]
+    result = json.loads((run / "result.json").read_text())
+    assert result["verdict"] == verdict, result
+    history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    if verdict == "failed":
+        (live,) = [c for c in result["checks"] if c["name"] == "liveness"]
+        assert live["verdict"] == "failed", live
+        assert "service flaky exited (returncode 3)" in live["summary"] and "no fault killed it" in live["summary"]
+        heal = [op for op in history if op["f"] == "heal" and op["type"] == "ok"][0]
+        assert "exited (code 3) before it became healthy" in heal["value"]["crashed_at_restart"]
+        assert [op for op in history if op.get("phase") == "after"]  # the scenario went on
+    else:
+        assert "add liveness" in result["error"], result["error"]
