@@ -52,6 +52,17 @@ def busy_load(procs: int, max_s: float):
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def _end(child: subprocess.Popen, signum: int, grace_s: float, rc: int) -> int:
+    """Send ``signum`` to COMMAND, wait up to ``grace_s`` seconds, then SIGKILL it; returns ``rc``."""
+    child.send_signal(signum)
+    try:
+        child.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; see the module doc."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -63,25 +74,32 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         ap.error("give a command after --")
 
+    # SIGINT and SIGTERM only set a flag, read between waits: a handler that raised could land
+    # anywhere, also at the start of busy_load's clean-up before it blocks signals, and leave
+    # loops running (a burst of SIGTERMs did, on a loaded host).
+    stopped: list[str] = []
+
     def stop(signum, _frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        stopped.append(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     t0 = time.monotonic()
     with busy_load(args.procs, args.max_s):
         print(f"load: {args.procs} busy-loop processes (at most {args.max_s:.0f} s) around: {' '.join(cmd)}",
               file=sys.stderr, flush=True)
         child = subprocess.Popen(cmd)
-        try:
-            rc = child.wait(timeout=args.max_s)
-        except subprocess.TimeoutExpired:
-            child.terminate()
-            child.wait(60)
-            rc = 124
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            child.wait(300)
-            rc = 130
+        rc = None
+        while rc is None:
+            if stopped:
+                rc = _end(child, signal.SIGINT, 300, 130)
+            elif time.monotonic() - t0 > args.max_s:
+                rc = _end(child, signal.SIGTERM, 60, 124)
+            else:
+                try:
+                    rc = child.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
     print(f"load: done in {time.monotonic() - t0:.0f} s, exit {rc}", file=sys.stderr)
     return rc
 
