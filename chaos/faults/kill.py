@@ -168,11 +168,12 @@ class Kill(Fault):
                 port, named with its pid); RuntimeError: the timer's restart (``restart_after``)
                 had failed, even when heal's own restart then worked: between the two the stack
                 ran without the service, which the scenario does not describe (and the failed
-                process's exit would read as an unexplained death). Not raised when the timer's
-                restarted process exited on its own (StackError.exited, no lost bind): that
-                exit is the service's, recorded as unexpected (``crashed_at_restart`` in the
-                result; the liveness check names it), and heal's own restart is then required
-                to succeed as any other.
+                process's exit would read as an unexplained death). Not raised when a restarted
+                process exited on its own (StackError.exited, no lost bind) and the scenario
+                has a liveness check (``ctx.judges_service_exits``): that exit is the
+                service's, recorded as unexpected (``crashed_at_restart`` in the result; the
+                liveness check names it), and heal starts it again, up to ``HEAL_STARTS``
+                start-ups; the last one failing raises as above.
         """
         if not self._applied or ctx.stack is None:
             return {"service": self.params.service, "restarted": False, "reason": "not applied here"}
