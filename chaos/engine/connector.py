@@ -39,6 +39,18 @@ request id (:meth:`LMCacheConnector.unanswered_transfer`); the request's FREE an
 wait until those are answered, or for ``mq_timeout`` of health (then they were lost with the
 connection and the clean-ups are sent as they are); a FREE whose chunks a late successful
 PREPARE_RETRIEVE released is dropped.
+
+A LOOKUP the adapter gave up on can still reach the server: one sent while the server was dead
+waits in the message queue's pipe and is delivered to the restarted server when the connection
+comes back, and one sent to a frozen server is handled when it runs again. The server then starts
+a prefetch that read-locks the chunks it finds, while the adapter has already forgotten the
+LOOKUP (its ack timeout drops the futures). A FREE_LOOKUP_LOCKS that reaches the server while that
+prefetch still runs releases nothing (lmcache ``LookupModule.free_lookup_locks`` leaves the locks
+to the prefetch controller, which keeps them: docs/findings/frozen-l2-read-lock-leak.md). So the
+connector keeps each LOOKUP's reply futures itself until the lookup's outcome is known, and a
+lock free of a lookup whose outcome it does not know waits for the LOOKUP's reply (``mq_timeout``
+of health, then the LOOKUP was lost: its frees are dropped) and then for QUERY_PREFETCH_STATUS to
+return a count (``mq_timeout``, then the FREE is sent anyway).
 """
 
 from __future__ import annotations
@@ -119,6 +131,14 @@ class LMCacheConnector:
         # Request id -> [start, end) ranges whose read locks a (late) successful
         # PREPARE_RETRIEVE released on the server: a FREE inside one is not sent.
         self._released_by_retrieve: dict[str, list[tuple[int, int]]] = {}
+        # Request id -> reply futures of its last LOOKUP (one per server) while the lookup's
+        # outcome is unknown to the engine (kept after the adapter's ack timeout drops them).
+        self._lookup_acks: dict[str, list[object]] = {}
+        # Request id -> server url -> our QUERY_PREFETCH_STATUS future, or None once that
+        # server reported the prefetch finished (:meth:`prefetch_running`).
+        self._prefetch_queries: dict[str, dict[str, object | None]] = {}
+        # Request id -> when a lock free first waited for the request's prefetch.
+        self._prefetch_waiting: dict[str, float] = {}
         self._transfers_lock = threading.Lock()
         self._stop = threading.Event()
         self._connect_thread: threading.Thread | None = None
@@ -192,6 +212,7 @@ class LMCacheConnector:
             worker.shutdown()
             scheduler.shutdown()
             raise
+        self._track_lookups(scheduler)
         self.chunk_size = scheduler.lmcache_tokens_per_chunk
         self.worker = worker
         self.scheduler = scheduler
@@ -224,6 +245,9 @@ class LMCacheConnector:
         with self._transfers_lock:
             self._transfers.clear()
             self._released_by_retrieve.clear()
+            self._lookup_acks.clear()
+            self._prefetch_queries.clear()
+            self._prefetch_waiting.clear()
         self._lookup_started.clear()
         log.warning("planted bug no-reconnect: LMCache at %s abandoned for good", self.url)
 
@@ -255,6 +279,7 @@ class LMCacheConnector:
         """
         if not self.healthy:
             return False
+        self._forget_lookup_tracking(request_id)  # an earlier attempt's LOOKUP is settled
         self.scheduler.maybe_submit_lookup_request(  # type: ignore[union-attr]
             request_id, token_ids, cache_salt=salt, reserve_last_token=True)
         self._lookup_started[request_id] = time.monotonic()
@@ -289,6 +314,7 @@ class LMCacheConnector:
         self._lookup_started.pop(request_id, None)
         if not self.scheduler.is_healthy:  # type: ignore[union-attr]
             return LookupOutcome("timeout")
+        self._forget_lookup_tracking(request_id)  # the adapter consumed the prefetch result
         return LookupOutcome("hit" if result > 0 else "miss", int(result))
 
     def pending_lookups(self) -> list[str]:
@@ -309,6 +335,8 @@ class LMCacheConnector:
                 return False
             if self.unanswered_transfer(request_id):
                 return False  # a late retrieve may release these locks itself: wait for it
+            if self.lookup_ack_pending(request_id) or self.prefetch_running(request_id):
+                return False  # a FREE while the lookup's prefetch runs releases nothing
             if self.released_by_retrieve(request_id, start, end):
                 log.warning("LMCache's late reply to the retrieve of %s released chunks "
                             "[%d, %d) itself: their lock free is not sent", request_id, start, end)
@@ -346,6 +374,7 @@ class LMCacheConnector:
             self._lost_lookups.discard(request_id)
             with self._transfers_lock:
                 self._released_by_retrieve.pop(request_id, None)
+            self._forget_lookup_tracking(request_id)
             return True
 
         self._send_or_defer(request_id, False, send)
@@ -386,6 +415,85 @@ class LMCacheConnector:
             return True
         status = getattr(scheduler, "_lookup_status", {}).get(request_id, {})
         return any(not fut.query() for fut, _ in status.values())
+
+    # ---- LOOKUPs whose prefetch the server may still run ---------------------------------
+    def _track_lookups(self, scheduler: object) -> None:
+        """Record the reply futures of every LOOKUP the scheduler adapter sends.
+
+        Wraps ``lookup`` of each of the adapter's request clients (``req_clients``, server url
+        -> lmcache ``RequestClient``: ``lookup(key, tp_size)`` returns a ``MessagingFuture``)
+        on the instance. The adapter drops a LOOKUP's futures when its ack timeout gives up
+        (``check_lookup_result``); the message queue client still completes them when the
+        server handles that LOOKUP late.
+        """
+        for client in getattr(scheduler, "req_clients", {}).values():
+            if getattr(client, "_kvchaos_lookups_tracked", False):
+                continue
+            original = getattr(client, "lookup", None)
+            if original is None:
+                continue
+
+            def wrapped(key, *args, _original=original, **kwargs):
+                future = _original(key, *args, **kwargs)
+                request_id = getattr(key, "request_id", None)
+                if request_id is not None:
+                    with self._transfers_lock:
+                        self._lookup_acks.setdefault(request_id, []).append(future)
+                return future
+
+            client.lookup = wrapped
+            client._kvchaos_lookups_tracked = True
+
+    def lookup_ack_pending(self, request_id: str) -> bool:
+        """True while a LOOKUP of ``request_id`` whose outcome the engine does not know has
+        had no reply from some server (the adapter may have given up on it already)."""
+        with self._transfers_lock:
+            acks = list(self._lookup_acks.get(request_id, ()))
+        return any(not f.query() for f in acks)  # type: ignore[attr-defined]
+
+    def prefetch_running(self, request_id: str) -> bool:
+        """True while a server still runs the prefetch of a LOOKUP of ``request_id`` whose
+        outcome the engine does not know (non-blocking; call once per step).
+
+        Only once every server acknowledged the LOOKUP (a status query may overtake it: the
+        server answers 0 for a job it does not know yet), this sends QUERY_PREFETCH_STATUS to
+        each server and keeps asking until each answers a count (lmcache
+        ``LookupModule.query_prefetch_status``: None while the prefetch runs; a count moves the
+        result to the session, so a later FREE releases exactly what the prefetch locked).
+        When all have answered, the lookup's tracking is dropped and this returns False.
+        """
+        with self._transfers_lock:
+            acks = list(self._lookup_acks.get(request_id, ()))
+        if not acks or any(not f.query() for f in acks):  # type: ignore[attr-defined]
+            return False  # nothing to settle, or the ack is awaited (lookup_ack_pending)
+        clients = getattr(self.scheduler, "req_clients", {})
+        with self._transfers_lock:
+            queries = self._prefetch_queries.setdefault(request_id, {})
+        for url, client in clients.items():
+            if url in queries and queries[url] is None:
+                continue  # this server's prefetch has finished
+            future = queries.get(url)
+            if future is not None:
+                if not future.query():  # type: ignore[attr-defined]
+                    continue
+                try:
+                    reply = future.result(timeout=0)  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001 - a failed query says nothing: ask again
+                    reply = None
+                if reply is not None:
+                    queries[url] = None
+                    continue
+            queries[url] = client.query_prefetch_status(request_id)
+        if all(queries.get(url, 0) is None for url in clients):
+            self._forget_lookup_tracking(request_id)
+            return False
+        return True
+
+    def _forget_lookup_tracking(self, request_id: str) -> None:
+        with self._transfers_lock:
+            self._lookup_acks.pop(request_id, None)
+            self._prefetch_queries.pop(request_id, None)
+            self._prefetch_waiting.pop(request_id, None)
 
     # ---- transfer RPCs the server may still handle --------------------------------------
     TRACKED_TRANSFERS = ("prepare_retrieve", "commit_retrieve", "prepare_store", "commit_store")
@@ -473,7 +581,10 @@ class LMCacheConnector:
         create a session here), the adapter's stale futures are discarded and END_SESSION is
         sent. A request with a transfer RPC still unanswered (:meth:`unanswered_transfer`)
         waits the same way; when the reply never comes its clean-ups are sent as they are (the
-        server never handled it, so the lookup's locks are still held).
+        server never handled it, so the lookup's locks are still held). A lock free of a
+        lookup whose LOOKUP the server did answer, late, waits until the server's prefetch for
+        it has finished (:meth:`prefetch_running`), up to ``mq_timeout``; after that it is
+        sent anyway.
         """
         if not self._deferred or not self.healthy:
             return
@@ -492,7 +603,8 @@ class LMCacheConnector:
                             "the connection; sending its clean-ups", request_id)
                 self.forget_transfers(request_id)
                 self._replay_waiting.pop(request_id, None)
-            if request_id not in self._lost_lookups and self.unanswered_lookup(request_id):
+            if request_id not in self._lost_lookups and (self.unanswered_lookup(request_id)
+                                                         or self.lookup_ack_pending(request_id)):
                 since = self._replay_waiting.setdefault(request_id, now)
                 if now - since < self.mq_timeout:
                     self._deferred.append((request_id, is_free, send))
@@ -500,8 +612,19 @@ class LMCacheConnector:
                 log.warning("LMCache never answered the lookup of %s: it was lost with the "
                             "connection; dropping its lock frees", request_id)
                 self._lost_lookups.add(request_id)
+                self._forget_lookup_tracking(request_id)
                 self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
             self._replay_waiting.pop(request_id, None)
+            if is_free and request_id not in self._lost_lookups and self.prefetch_running(request_id):
+                with self._transfers_lock:
+                    began = self._prefetch_waiting.setdefault(request_id, now)
+                if now - began < self.mq_timeout:  # a FREE now would release nothing
+                    self._deferred.append((request_id, is_free, send))
+                    continue
+                log.warning("LMCache's prefetch for the lookup of %s still runs %.1f s after its "
+                            "outcome was given up: sending its lock free anyway (LMCache leaves "
+                            "a running prefetch's locks to it)", request_id, now - began)
+                self._forget_lookup_tracking(request_id)
             if is_free and request_id in self._lost_lookups:
                 continue
             self._send_or_defer(request_id, is_free, send)
@@ -561,6 +684,7 @@ class LMCacheConnector:
             scheduler.end_session(request_id)
             out["end_session_returned_after_s"] = round(time.monotonic() - t0, 3)
             scheduler.cleanup_lookup_result(request_id)
+            self._forget_lookup_tracking(request_id)  # none of this connector's bookkeeping
         out["adapter_healthy_after"] = scheduler.is_healthy
         log.warning("hook: raw LMCache call %s", out)
         return out

@@ -209,3 +209,60 @@ def test_restart_during_lookups_leaves_no_session(make_engine, twin: Engine,
     eng.complete(q, 2)
     assert stats(eng.complete(q, 2))["external_cache_hit_tokens"] == 512
     assert wait_clean(own_stack, 8) == (0, 0)
+
+
+
+def test_lookup_handled_late_is_freed_after_its_prefetch(make_engine, twin: Engine,
+                                                         own_stack: LMCacheStack) -> None:
+    """A LOOKUP the adapter gave up on is handled by the server later; the engine's kept lock
+    free must wait for the prefetch it starts, or LMCache releases nothing and the finished
+    prefetch keeps its chunks read-locked.
+
+    Input: scenarios/lmcache-restart.yaml, 1 run in 15 (the LOOKUPs waited in the message
+    queue's pipe for the restarted server; tests/engine/test_connector_late_lookups.py has the
+    story). Here the same order is made certain: the server runs with an empty L1 (restarted
+    after the prefix was stored in L2), it is frozen when the LOOKUP is sent, and Redis (an L2
+    tier holding the chunks) is frozen too, so that once the server runs again the LOOKUP's
+    prefetch waits for Redis while the engine's free is due. Redis resumes 1.5 s after the
+    engine sees the server healthy again, inside the engine's wait (mq_timeout, 4 s).
+    """
+    eng = make_engine("late-lookup", lmcache_args(own_stack, mq_timeout=4.0, heartbeat=1.0))
+    p = random_prompt("fail:7500", 1100)
+    eng.complete(p, 2)  # 4 chunks stored in L1, Redis and the filesystem tier
+    deadline = time.monotonic() + 20
+    while own_stack.redis_keys() < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert own_stack.redis_keys() >= 4
+    own_stack.server.kill()
+    own_stack.start_server()  # L1 empty; the chunks are in L2 only
+    deadline = time.monotonic() + 30
+    while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert eng.state()["lmcache"]["state"] == "healthy"
+    time.sleep(1.5)  # the engine's worker has registered its KV caches with the new server
+    own_stack.redis.signal(signal.SIGSTOP)
+    try:
+        own_stack.server.signal(signal.SIGSTOP)
+        try:
+            r = eng.complete(p, 8, ignore_eos=True)  # its LOOKUP waits in the server's socket
+        finally:
+            own_stack.server.signal(signal.SIGCONT)
+        assert stats(r)["lookup"] == "timeout", stats(r)
+        assert ids(r) == ids(twin.complete(p, 8, ignore_eos=True))
+        deadline = time.monotonic() + 30
+        while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert eng.state()["lmcache"]["state"] == "healthy"
+        time.sleep(1.5)
+    finally:
+        own_stack.redis.signal(signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while eng.state()["num_open_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert eng.state()["num_open_sessions"] == 0
+    clean = wait_clean(own_stack, 10)
+    log = [line for line in own_stack.server.tail(600).splitlines()
+           if "free_lookup_locks" in line or "Prefetch" in line]
+    assert clean == (0, 0), log
+    assert any("Prefetch request completed" in line for line in log), log  # the late LOOKUP's
+    assert not any("while its prefetch is still running" in line for line in log), log
