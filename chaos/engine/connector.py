@@ -48,9 +48,12 @@ LOOKUP (its ack timeout drops the futures). A FREE_LOOKUP_LOCKS that reaches the
 prefetch still runs releases nothing (lmcache ``LookupModule.free_lookup_locks`` leaves the locks
 to the prefetch controller, which keeps them: docs/findings/frozen-l2-read-lock-leak.md). So the
 connector keeps each LOOKUP's reply futures itself until the lookup's outcome is known, and a
-lock free of a lookup whose outcome it does not know waits for the LOOKUP's reply (``mq_timeout``
-of health, then the LOOKUP was lost: its frees are dropped) and then for QUERY_PREFETCH_STATUS to
-return a count (``mq_timeout``, then the FREE is sent anyway).
+lock free of a lookup given up before the server acknowledged it waits for the LOOKUP's reply
+(``mq_timeout`` of health, then the LOOKUP was lost: its frees are dropped) and then for
+QUERY_PREFETCH_STATUS to return a count (``mq_timeout``, then the FREE is sent anyway). A lookup
+the server had acknowledged when the engine's deadline gave up on it is freed at once, as a
+production scheduler frees it: that FREE during a running prefetch is LMCache's own leak, which
+the findings must reach.
 """
 
 from __future__ import annotations
@@ -309,10 +312,12 @@ class LMCacheConnector:
         if result is None:
             if time.monotonic() - started > self.mq_timeout + 1.0:
                 self._lookup_started.pop(request_id, None)
+                self._give_up_lookup(request_id)
                 return LookupOutcome("timeout")
             return LookupOutcome("pending")
         self._lookup_started.pop(request_id, None)
         if not self.scheduler.is_healthy:  # type: ignore[union-attr]
+            self._give_up_lookup(request_id)
             return LookupOutcome("timeout")
         self._forget_lookup_tracking(request_id)  # the adapter consumed the prefetch result
         return LookupOutcome("hit" if result > 0 else "miss", int(result))
@@ -443,6 +448,20 @@ class LMCacheConnector:
 
             client.lookup = wrapped
             client._kvchaos_lookups_tracked = True
+
+    def _give_up_lookup(self, request_id: str) -> None:
+        """The engine gives up on the lookup of ``request_id`` (its outcome is ``timeout``).
+
+        A LOOKUP every server had acknowledged by then is a prefetch the engine abandons
+        knowingly, as a production scheduler does when its deadline passes: its tracking is
+        dropped, so its lock free goes out at once (and LMCache leaves the locks to the running
+        prefetch: the window of docs/findings/frozen-l2-read-lock-leak.md, which a wait here
+        would close). A LOOKUP still unacknowledged stays tracked: the engine cannot know
+        whether the server will ever handle it, and when it does (late, or on a restarted
+        server) its lock free waits for that prefetch (:meth:`flush_deferred`).
+        """
+        if not self.lookup_ack_pending(request_id):
+            self._forget_lookup_tracking(request_id)
 
     def lookup_ack_pending(self, request_id: str) -> bool:
         """True while a LOOKUP of ``request_id`` whose outcome the engine does not know has

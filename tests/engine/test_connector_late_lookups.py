@@ -141,20 +141,44 @@ def test_a_prefetch_still_running_after_mq_timeout_gets_its_free_anyway() -> Non
                            ("end_session", "crash-2-0")]
 
 
-def test_a_lookup_deadline_while_healthy_waits_for_the_prefetch_too() -> None:
-    """The engine's own deadline (mq_timeout + 1 s) gave up on a slow prefetch; the server
-    stays healthy, so the free would go out at once without the wait."""
+def test_a_lookup_deadline_on_an_unacknowledged_lookup_waits_for_its_prefetch() -> None:
+    """The engine's own deadline (mq_timeout + 1 s) passed while the server, healthy to the
+    adapter, had not acknowledged the LOOKUP yet (frozen): when it handles the LOOKUP later its
+    prefetch runs, and the free waits for it."""
     conn, sched, client = make_connector()
     assert conn.submit_lookup("slow", PROMPT, "")
-    client.lookups[-1].answer(None)
     conn._lookup_started["slow"] -= MQ_TIMEOUT_S + 1.5  # past the engine's deadline
     assert conn.poll_lookup("slow").status == "timeout"
     conn.free_locks("slow", PROMPT, "", 0, 1024)
     conn.end_request("slow")
     assert sched.calls == [("lookup", "slow")]
+    client.lookups[-1].answer(None)  # handled late: its prefetch runs
+    conn.flush_deferred()
+    assert sched.calls == [("lookup", "slow")], "a FREE now would release nothing"
     client.queries[-1][1].answer(3)
     conn.flush_deferred()
     assert sched.calls == [("lookup", "slow"), ("free", "slow", 0, 1024), ("end_session", "slow")]
+
+
+def test_a_deadline_on_an_acknowledged_lookup_frees_at_once_during_its_prefetch() -> None:
+    """Input that showed it: the CI of 7677dab, tests/catalogue/test_windows_under_load.py with
+    scenarios/findings/frozen-l2-locks-outlive-read-ttl.yaml ended unknown (its trigger "free_
+    lookup_locks ... while its prefetch is still running" not reached). The server acknowledged
+    the LOOKUP at once and its prefetch waited for the frozen Redis; the engine's deadline gave
+    up on it, and its free then waited up to mq_timeout for the prefetch as well, so on a loaded
+    host Redis had resumed before the FREE went out and LMCache's leak was never reached. A
+    production scheduler frees what it abandons at its deadline: so does the engine."""
+    conn, sched, client = make_connector()
+    assert conn.submit_lookup("frozen-0-0", PROMPT, "")
+    client.lookups[-1].answer(None)  # acknowledged; the prefetch waits for the frozen L2
+    conn._lookup_started["frozen-0-0"] -= MQ_TIMEOUT_S + 1.5  # past the engine's deadline
+    assert conn.poll_lookup("frozen-0-0").status == "timeout"
+    conn.free_locks("frozen-0-0", PROMPT, "", 0, 1024)
+    conn.end_request("frozen-0-0")
+    assert sched.calls == [("lookup", "frozen-0-0"), ("free", "frozen-0-0", 0, 1024),
+                           ("end_session", "frozen-0-0")]
+    assert client.queries == [], "no status query: the engine abandons the prefetch"
+    assert conn._lookup_acks == {}
 
 
 def test_a_lookup_with_a_known_outcome_is_freed_at_once_without_a_status_query() -> None:
