@@ -1,7 +1,9 @@
 """A bounded CPU load generator around a command: ``--procs`` busy-loop processes (default 4,
 twice this 2-core machine's cores) run while COMMAND runs, and are ended on every exit
 (COMMAND's end, an error, Ctrl-C, SIGTERM) and at ``--max-s`` at the latest (each loop ends
-itself then, even if this script was SIGKILLed).
+itself then, even if this script was SIGKILLed). COMMAND runs in a process group of its own, and
+a SIGINT or SIGTERM sent to this script alone (``kill -INT PID``, a CI runner that signals only
+its top process) reaches that whole group as SIGINT, as a terminal's Ctrl-C would.
 
     python benchmarks/load.py [--procs N] [--max-s S] -- COMMAND [ARGS...]
 
@@ -12,6 +14,7 @@ benchmarks/catalogue_under_load.py.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -52,13 +55,26 @@ def busy_load(procs: int, max_s: float):
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to COMMAND's process group (its pid is the group id: ``process_group=0``).
+
+    The whole group, not COMMAND alone: GNU make, on SIGINT or SIGTERM, waits for its running
+    recipes without signalling them (it counts on the terminal signalling the whole foreground
+    group), so a `make test` signalled alone ran on for as long as its pytest did."""
+    try:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:  # the group is gone: everything in it has ended
+        pass
+
+
 def _end(child: subprocess.Popen, signum: int, grace_s: float, rc: int) -> int:
-    """Send ``signum`` to COMMAND, wait up to ``grace_s`` seconds, then SIGKILL it; returns ``rc``."""
-    child.send_signal(signum)
+    """Send ``signum`` to COMMAND's process group, wait up to ``grace_s`` seconds for COMMAND,
+    then SIGKILL the group; returns ``rc``."""
+    _signal_group(child, signum)
     try:
         child.wait(grace_s)
     except subprocess.TimeoutExpired:
-        child.kill()
+        _signal_group(child, signal.SIGKILL)
         child.wait()
     return rc
 
@@ -88,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     with busy_load(args.procs, args.max_s):
         print(f"load: {args.procs} busy-loop processes (at most {args.max_s:.0f} s) around: {' '.join(cmd)}",
               file=sys.stderr, flush=True)
-        child = subprocess.Popen(cmd)
+        # Its own process group, so that a signal for it reaches every process it started. That
+        # group is not a terminal's foreground group: a read from the terminal would stop it
+        # (SIGTTIN) for good, so a terminal on stdin is replaced by /dev/null.
+        stdin = subprocess.DEVNULL if sys.stdin is not None and sys.stdin.isatty() else None
+        child = subprocess.Popen(cmd, process_group=0, stdin=stdin)
         rc = None
         while rc is None:
             if stopped:

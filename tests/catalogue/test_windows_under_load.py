@@ -104,6 +104,49 @@ def test_the_load_generator_ends_every_loop_on_repeated_signals():
             p.kill()
 
 
+def test_a_signal_to_the_load_generator_alone_ends_every_process_of_its_command(tmp_path):
+    """The input that showed it: `kill -INT` of `benchmarks/load.py ... -- make test` alone
+    (2026-12-05): make, on SIGINT, waits for its running recipe without signalling it, so pytest
+    ran on and the generator waited for it. Here make runs a recipe that sleeps a minute; one
+    SIGINT to the generator's pid must reach the recipe (it says so) and end everything."""
+    import shutil
+    import signal
+    import time
+
+    import psutil
+
+    if shutil.which("make") is None:
+        pytest.skip("GNU make is not installed")
+    started, interrupted = tmp_path / "started", tmp_path / "interrupted"
+    recipe = (f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntry:\n    time.sleep(60)\n"
+              f"except KeyboardInterrupt:\n    pathlib.Path({str(interrupted)!r}).touch()\n    raise SystemExit(130)\n")
+    (tmp_path / "recipe.py").write_text(recipe)
+    (tmp_path / "Makefile").write_text(f"all:\n\t{sys.executable} {tmp_path / 'recipe.py'}\n")
+    gen = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "load.py"), "--procs", "1", "--max-s", "604.125",
+                            "--", "make", "-s", "-C", str(tmp_path)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), "the recipe never started"
+        descendants = psutil.Process(gen.pid).children(recursive=True)
+        t0 = time.monotonic()
+        gen.send_signal(signal.SIGINT)  # its pid alone, not its process group
+        assert gen.wait(45) == 130
+        assert time.monotonic() - t0 < 40  # not the recipe's 60 s sleep, nor the 300 s grace
+        assert interrupted.exists(), "the recipe never saw the SIGINT"
+        gone, alive = psutil.wait_procs(descendants, timeout=10)
+        assert alive == [], alive
+    finally:
+        if gen.poll() is None:
+            gen.kill()
+        for p in psutil.process_iter(["cmdline"]):  # this test's recipe and loop only
+            cmdline = p.info["cmdline"] or []
+            if str(tmp_path / "recipe.py") in cmdline or cmdline[-1:] == ["604.125"]:
+                p.kill()
+
+
 TTL_FINDING = "scenarios/findings/frozen-l2-locks-outlive-read-ttl.yaml"
 
 
