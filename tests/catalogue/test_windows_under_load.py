@@ -21,6 +21,15 @@ REPO = Path(__file__).resolve().parents[2]
 KVCHAOS = str(Path(sys.executable).with_name("kvchaos"))
 
 
+def _loops(max_s: str) -> list:
+    """The busy loops of the one load generator run with ``--max-s max_s``: each test gives its
+    own odd value, so loops of other runs on a shared host are never counted or killed."""
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[-1:] == [max_s] and "end = time.monotonic()" in " ".join(p.info["cmdline"])]
+
+
 @pytest.mark.slow
 def test_apc_partial_chunk_reaches_its_window_under_load(tmp_path):
     reports = tmp_path / "reports"
@@ -44,17 +53,13 @@ def test_the_load_generator_leaves_nothing_behind_and_bounds_itself():
     watchdog would then have sent SIGKILL to the busy loops' pids, reused by then."""
     import time
 
-    import psutil
-
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "load.py"), "--procs", "2", "--max-s", "601.25",
                         "--", sys.executable, "-c", "import time; time.sleep(1)"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 60  # not --max-s: nothing left holding the captured output
-    mine = [p for p in psutil.process_iter(["cmdline"])  # this run's loops only (its own --max-s)
-            if (p.info["cmdline"] or [])[-1:] == ["601.25"] and "end = time.monotonic()" in " ".join(p.info["cmdline"])]
-    assert mine == [], mine
+    assert _loops("601.25") == []
     # a busy loop whose generator was SIGKILLed still ends at --max-s, by itself
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
@@ -72,12 +77,6 @@ def test_the_load_generator_ends_every_loop_on_repeated_signals():
     import signal
     import time
 
-    import psutil
-
-    def loops() -> list:
-        return [p for p in psutil.process_iter(["cmdline"])
-                if (p.info["cmdline"] or [])[-1:] == ["602.5"] and "end = time.monotonic()" in " ".join(p.info["cmdline"])]
-
     gen = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "load.py"), "--procs", "4", "--max-s", "602.5",
                             "--", "sleep", "60"], stderr=subprocess.PIPE, text=True)
     try:
@@ -85,22 +84,22 @@ def test_the_load_generator_ends_every_loop_on_repeated_signals():
         # Seen, not assumed: stop 26's CI (load from two kvchaos runs beside it) read 3 of the 4
         # loops' command lines right after that line; the 4th showed up later.
         deadline = time.monotonic() + 30
-        while len(loops()) < 4 and time.monotonic() < deadline:
+        while len(_loops("602.5")) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(loops()) == 4
+        assert len(_loops("602.5")) == 4
         end = time.monotonic() + 1.0  # signals keep coming while it cleans up
         while gen.poll() is None and time.monotonic() < end:
             gen.send_signal(signal.SIGTERM)
             time.sleep(0.002)
         gen.wait(60)
         deadline = time.monotonic() + 10
-        while loops() and time.monotonic() < deadline:
+        while _loops("602.5") and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert loops() == []
+        assert _loops("602.5") == []
     finally:
         if gen.poll() is None:
             gen.kill()
-        for p in loops():
+        for p in _loops("602.5"):
             p.kill()
 
 
@@ -109,16 +108,14 @@ def test_a_signal_to_the_load_generator_alone_ends_every_process_of_its_command(
     (2026-12-05): make, on SIGINT, waits for its running recipe without signalling it, so pytest
     ran on and the generator waited for it. Here make runs a recipe that sleeps a minute; one
     SIGINT to the generator's pid must reach the recipe (it says so) and end everything."""
-    import shutil
     import signal
     import time
 
     import psutil
 
-    if shutil.which("make") is None:
-        pytest.skip("GNU make is not installed")
     started, interrupted = tmp_path / "started", tmp_path / "interrupted"
-    recipe = (f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntry:\n    time.sleep(60)\n"
+    # "started" is written inside the try: a SIGINT right after it is still seen
+    recipe = (f"import pathlib, time\ntry:\n    pathlib.Path({str(started)!r}).touch()\n    time.sleep(60)\n"
               f"except KeyboardInterrupt:\n    pathlib.Path({str(interrupted)!r}).touch()\n    raise SystemExit(130)\n")
     (tmp_path / "recipe.py").write_text(recipe)
     (tmp_path / "Makefile").write_text(f"all:\n\t{sys.executable} {tmp_path / 'recipe.py'}\n")
@@ -138,13 +135,13 @@ def test_a_signal_to_the_load_generator_alone_ends_every_process_of_its_command(
         assert interrupted.exists(), "the recipe never saw the SIGINT"
         gone, alive = psutil.wait_procs(descendants, timeout=10)
         assert alive == [], alive
+        assert _loops("604.125") == []
     finally:
         if gen.poll() is None:
             gen.kill()
-        for p in psutil.process_iter(["cmdline"]):  # this test's recipe and loop only
-            cmdline = p.info["cmdline"] or []
-            if str(tmp_path / "recipe.py") in cmdline or cmdline[-1:] == ["604.125"]:
-                p.kill()
+        recipes = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "recipe.py") in (p.info["cmdline"] or [])]
+        for p in recipes + _loops("604.125"):  # this test's own only
+            p.kill()
 
 
 TTL_FINDING = "scenarios/findings/frozen-l2-locks-outlive-read-ttl.yaml"
