@@ -195,12 +195,28 @@ class Engine:
         self.proc.start()
         wait_http(self.base + "/health", 90, self.proc)
         if wait_lmcache and "lmcache-mp" in self.args:
-            deadline = time.monotonic() + 60
-            while self.state()["lmcache"]["state"] != "healthy":
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"engine never connected to LMCache\n{self.proc.tail()}")
-                time.sleep(0.2)
+            self.wait_lmcache("healthy", 60)
         return self
+
+    def wait_lmcache(self, state: str = "healthy", timeout_s: float = 30,
+                     poll_s: float = 0.1) -> None:
+        """Wait until ``/debug/state``'s ``lmcache.state`` is ``state``.
+
+        ``state`` is ``healthy`` | ``unhealthy`` | ``connecting``. The connection's health
+        follows LMCache's adapter heartbeat (one PING every ``--lmcache-heartbeat-interval``
+        seconds, lmcache ``HeartbeatThread``), so a server resumed after SIGSTOP is seen as
+        healthy again only after a PING and the re-registration of the KV caches.
+
+        Raises:
+            AssertionError: not reached within ``timeout_s`` seconds (the engine log's tail
+                is in the message).
+        """
+        deadline = time.monotonic() + timeout_s
+        while (now := self.state()["lmcache"]["state"]) != state:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.proc.name}: LMCache connection {now!r}, not "
+                                     f"{state!r}, after {timeout_s} s\n{self.proc.tail()}")
+            time.sleep(poll_s)
 
     def complete(self, prompt: list[int] | str, max_tokens: int = 8, **extra: Any) -> dict:
         """POST /v1/completions; returns the JSON body (raises on HTTP errors)."""

@@ -53,8 +53,19 @@ def clean_fragile(fragile_stack: LMCacheStack, tmp_path_factory: pytest.TempPath
 
 
 def engine_for(planted: bool, bug: str, clean: Engine, make_engine) -> Engine:
-    """The clean engine, or a new one with ``--bug bug`` and otherwise the same flags."""
+    """The clean engine, or a new one with ``--bug bug`` and otherwise the same flags.
+
+    The clean engines live for the whole module, and the tests before froze or resumed their
+    LMCache server: the clean one is handed over only once its connection is healthy again
+    (its adapters' heartbeat PINGs once a second, so up to about 2 s after a SIGCONT).
+    Otherwise its first requests skip LMCache (lookup ``error``), store nothing, and a test
+    that needs a hit fails for a reason that is not its own.
+
+    Raises:
+        AssertionError: the clean engine's connection is not healthy within 30 s.
+    """
     if not planted:
+        clean.wait_lmcache("healthy", 30)
         return clean
     return make_engine(bug, [*clean.args[len(SMALL_MODEL):], "--bug", bug])
 
@@ -281,14 +292,11 @@ def test_no_reconnect(planted: bool, make_engine, twin: Engine, clean_fragile: E
     eng.complete(p, 2)
     # the fragile stack's 1 s MQ timeout: on a loaded host one lookup may time out; the point
     # here is only that the prefix hits before LMCache is lost
-    hits = [stats(eng.complete(p, 2))["external_cache_hit_tokens"] for _ in range(3)]
-    assert 512 in hits, hits
+    seen = [stats(eng.complete(p, 2)) for _ in range(3)]
+    assert 512 in [s["external_cache_hit_tokens"] for s in seen], seen
     fragile_stack.server.signal(signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 15
-        while eng.state()["lmcache"]["state"] == "healthy" and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert eng.state()["lmcache"]["state"] == "unhealthy"
+        eng.wait_lmcache("unhealthy", 15)
     finally:
         fragile_stack.server.signal(signal.SIGCONT)
     deadline = time.monotonic() + 20
@@ -301,6 +309,27 @@ def test_no_reconnect(planted: bool, make_engine, twin: Engine, clean_fragile: E
     assert (hit == 0) == planted
     assert eng.state()["lmcache"]["state"] == ("unhealthy" if planted else "healthy")
     assert eng.state()["num_open_sessions"] == 0
+
+
+def test_a_clean_engine_is_handed_over_healthy_after_its_server_resumed(
+        make_engine, clean_fragile: Engine, fragile_stack: LMCacheStack) -> None:
+    """The CI failure of 4aee278 (test_no_reconnect[False]: hits ``[0, 0, 0]``, every lookup
+    ``error``): test_repoll_timed_out_lookup[True] had just resumed the fragile server, the
+    module's clean engine was still unhealthy, and its first requests skipped LMCache.
+    """
+    p = random_prompt("bugs:1450", 600)
+    # the scheduler adapter's heartbeat starts with its first lookup
+    clean_fragile.complete(random_prompt("bugs:1451", 300), 2)
+    fragile_stack.server.signal(signal.SIGSTOP)
+    try:
+        clean_fragile.wait_lmcache("unhealthy", 15)
+    finally:
+        fragile_stack.server.signal(signal.SIGCONT)
+    eng = engine_for(False, "no-reconnect", clean_fragile, make_engine)
+    assert eng.state()["lmcache"]["state"] == "healthy"
+    assert stats(eng.complete(p, 2))["lookup"] in ("miss", "timeout")  # 1 s MQ timeout
+    hits = [stats(eng.complete(p, 2))["external_cache_hit_tokens"] for _ in range(3)]
+    assert 512 in hits, hits
 
 
 def test_bugs_planted_through_environment(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:

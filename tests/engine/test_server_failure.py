@@ -92,9 +92,7 @@ def test_lookup_timeout_falls_back_to_recompute(make_engine, twin: Engine,
     assert eng.metric("kvchaos_engine_lookup_timeouts_total") == 1
     assert ids(r) == ids(twin.complete(p, 16, ignore_eos=True))
     # Health comes back; so do hits; nothing stays locked.
-    deadline = time.monotonic() + 30
-    while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    eng.wait_lmcache("healthy", 30)
     assert stats(eng.complete(p, 4))["external_cache_hit_tokens"] == 512
     assert wait_clean(own_stack, 10) == (0, 0)
     assert eng.state()["num_open_sessions"] == 0
@@ -143,10 +141,7 @@ def test_engine_starts_before_lmcache_and_connects_later(make_engine, tmp_path) 
         r = eng.complete([5] * 300, 2)
         assert stats(r)["lookup"] == "error"
         stack.start_server()
-        deadline = time.monotonic() + 30
-        while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert eng.state()["lmcache"]["state"] == "healthy"
+        eng.wait_lmcache("healthy", 30)
         eng.complete([6] * 300, 2)
         assert stats(eng.complete([6] * 300, 2))["external_cache_hit_tokens"] == 256
     finally:
@@ -180,10 +175,7 @@ def test_restart_during_lookups_leaves_no_session(make_engine, twin: Engine,
     threads = [threading.Thread(target=client, args=(k,)) for k in range(len(prompts))]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 10
-    while eng.state()["lmcache"]["state"] == "healthy" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert eng.state()["lmcache"]["state"] == "unhealthy"
+    eng.wait_lmcache("unhealthy", 10)
     own_stack.server.kill()
     for t in threads:
         t.join(timeout=120)
@@ -192,10 +184,7 @@ def test_restart_during_lookups_leaves_no_session(make_engine, twin: Engine,
     for k, p in enumerate(prompts):
         assert ids(results[k]) == ids(twin.complete(p, 24, ignore_eos=True)), k
     own_stack.start_server()
-    deadline = time.monotonic() + 30
-    while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert eng.state()["lmcache"]["state"] == "healthy"
+    eng.wait_lmcache("healthy", 30)
     # The engine finishes its kept clean-ups (a lost LOOKUP is given up after mq_timeout)...
     deadline = time.monotonic() + 15
     while eng.state()["num_open_sessions"] and time.monotonic() < deadline:
@@ -235,10 +224,7 @@ def test_lookup_handled_late_is_freed_after_its_prefetch(make_engine, twin: Engi
     assert own_stack.redis_keys() >= 4
     own_stack.server.kill()
     own_stack.start_server()  # L1 empty; the chunks are in L2 only
-    deadline = time.monotonic() + 30
-    while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert eng.state()["lmcache"]["state"] == "healthy"
+    eng.wait_lmcache("healthy", 30)
     time.sleep(1.5)  # the engine's worker has registered its KV caches with the new server
     own_stack.redis.signal(signal.SIGSTOP)
     try:
@@ -249,10 +235,7 @@ def test_lookup_handled_late_is_freed_after_its_prefetch(make_engine, twin: Engi
             own_stack.server.signal(signal.SIGCONT)
         assert stats(r)["lookup"] == "timeout", stats(r)
         assert ids(r) == ids(twin.complete(p, 8, ignore_eos=True))
-        deadline = time.monotonic() + 30
-        while eng.state()["lmcache"]["state"] != "healthy" and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert eng.state()["lmcache"]["state"] == "healthy"
+        eng.wait_lmcache("healthy", 30)
         time.sleep(1.5)
     finally:
         own_stack.redis.signal(signal.SIGCONT)
