@@ -198,14 +198,15 @@ class Engine:
             self.wait_lmcache("healthy", 60)
         return self
 
-    def wait_lmcache(self, state: str = "healthy", timeout_s: float = 30,
-                     poll_s: float = 0.1) -> None:
+    def wait_lmcache(self, state: str = "healthy", timeout_s: float = 30) -> None:
         """Wait until ``/debug/state``'s ``lmcache.state`` is ``state``.
 
         ``state`` is ``healthy`` | ``unhealthy`` | ``connecting``. The connection's health
         follows LMCache's adapter heartbeat (one PING every ``--lmcache-heartbeat-interval``
         seconds, lmcache ``HeartbeatThread``), so a server resumed after SIGSTOP is seen as
-        healthy again only after a PING and the re-registration of the KV caches.
+        healthy again only after a PING and the re-registration of the KV caches. The
+        scheduler adapter's heartbeat starts with its first lookup: before any request,
+        ``healthy`` says nothing about the server.
 
         Raises:
             AssertionError: not reached within ``timeout_s`` seconds (the engine log's tail
@@ -216,7 +217,7 @@ class Engine:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.proc.name}: LMCache connection {now!r}, not "
                                      f"{state!r}, after {timeout_s} s\n{self.proc.tail()}")
-            time.sleep(poll_s)
+            time.sleep(0.1)
 
     def complete(self, prompt: list[int] | str, max_tokens: int = 8, **extra: Any) -> dict:
         """POST /v1/completions; returns the JSON body (raises on HTTP errors)."""
