@@ -47,7 +47,7 @@ def diagnose_after_checks(*, run_id: str, scenario: str, stack: Any, run_dir: Pa
     except ValueError as exc:
         say(f"diagnosis off: {exc}")
         return None
-    if opts.limit <= 0 or not failing_requests(checks):
+    if opts.limit <= 0 or not failing_requests(checks, history, stack.settings.chunk_size or 256):
         return None
     say("diagnose")
     try:
