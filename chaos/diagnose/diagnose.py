@@ -164,7 +164,8 @@ def _resolve_layout(ctx: _Context) -> None:
         ctx.layout, ctx.layout_source = s.kv_layout, "x-kvchaos.kv_layout"
     elif ctx.options.engine_debug and s.engine_url:
         try:
-            cfg = httpx.get(f"{s.engine_url.rstrip('/')}/debug/state", timeout=10).json()["config"]["model"]
+            cfg = httpx.get(f"{s.engine_url.rstrip('/')}/debug/state",
+                            timeout=max(0.2, min(10.0, ctx.left()))).json()["config"]["model"]
             head = int(cfg["hidden_size"]) // int(cfg["num_heads"])
             ctx.layout = KvLayout(num_layers=int(cfg["num_layers"]), hidden_dim=int(cfg["num_kv_heads"]) * head,
                                   dtype=str(cfg.get("dtype") or "float32"))
@@ -184,8 +185,8 @@ def _resolve_layout(ctx: _Context) -> None:
             ctx.layout = None
 
 
-def _prepare(settings: KvchaosSettings, options: DiagnoseOptions) -> _Context:
-    ctx = _Context(settings=settings, options=options)
+def _prepare(settings: KvchaosSettings, options: DiagnoseOptions, deadline: float = float("inf")) -> _Context:
+    ctx = _Context(settings=settings, options=options, deadline=deadline)
     if settings.lmcache_http:
         try:
             ctx.main = server_info(settings.lmcache_http)
@@ -309,8 +310,8 @@ def _engine_kv(ctx: _Context, request_id: str, prompt: list[int], hashes: list[b
         ekv.reason = "the witness LMCache holds no chunk of this prompt"
         return ekv
     try:
-        kv, local, external = engine_kv_api.fetch(ctx.settings.engine_url, request_id,
-                                                  timeout_s=max(1.0, min(10.0, ctx.left())))
+        kv, local, external = engine_kv_api.fetch(ctx.settings.engine_url, request_id,  # type: ignore[arg-type]
+                                                  timeout_s=max(0.2, min(10.0, ctx.left())))
     except engine_kv_api.EngineKVError as exc:
         ekv.reason = str(exc)
         return ekv
@@ -421,8 +422,8 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
         d.errors.append(f"time budget spent before {step}: skipped")
         return True
 
-    def timeout() -> float:
-        return max(1.0, min(replay_timeout_s, ctx.left()))
+    def timeout(most: float = replay_timeout_s) -> float:
+        return max(0.2, min(most, ctx.left()))
 
     # 5 (first half): what LMCache holds before anything is replayed.
     if ctx.main is not None and model is not None and ctx.layout is not None:
@@ -439,17 +440,18 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
     armed: str | None = "no engine URL"
     bypass_used: str | None = None
     if s.engine_url and not spent("the replays"):
-        d.ab.prefix_cache_reset = reset_prefix_cache(s.engine_url)
-        if ctx.options.engine_debug:
+        d.ab.prefix_cache_reset = reset_prefix_cache(s.engine_url, timeout_s=timeout(10.0))
+        if not ctx.options.engine_debug:
+            armed = "reading the engine's debug routes is off (engine_debug)"
+        elif not spent("the engine KV capture"):
             try:
-                engine_kv_api.arm(s.engine_url, fresh_id)
+                engine_kv_api.arm(s.engine_url, fresh_id, timeout_s=timeout(5.0))
                 armed = None
             except engine_kv_api.EngineKVError as exc:
                 armed = str(exc)
-        else:
-            armed = "reading the engine's debug routes is off (engine_debug)"
-        d.ab.fresh, _ = replay(s.engine_url, "fresh", prompt, max_tokens, cache_salt=salt, request_id=fresh_id,
-                               timeout_s=timeout())
+        if not spent("the fresh replay"):
+            d.ab.fresh, _ = replay(s.engine_url, "fresh", prompt, max_tokens, cache_salt=salt, request_id=fresh_id,
+                                   timeout_s=timeout())
         if not spent("the bypass replay"):
             bypass_used = bypass_salt()
             d.ab.bypass, _ = replay(s.engine_url, "bypass", prompt, max_tokens, cache_salt=bypass_used,
@@ -560,8 +562,7 @@ def diagnose_failures(history: Iterable[Any], expected: dict[str, list[int]], ch
         diag.skipped.append(SkippedRequest(request_id=rid, check=chk, reason=f"beyond the first {opts.limit}"))
     if not todo:
         return diag
-    ctx = _prepare(settings, opts)
-    ctx.deadline = opts.deadline if opts.deadline is not None else t0 + opts.budget_s
+    ctx = _prepare(settings, opts, opts.deadline if opts.deadline is not None else t0 + opts.budget_s)
     diag.prepare_seconds = round(time.monotonic() - t0, 3)
     try:
         for rid, chk, line in todo:

@@ -325,3 +325,41 @@ def test_report_renders_a_non_finite_kv_delta(tmp_path: Path) -> None:
     assert Diagnosis.model_validate(raw).requests[0].kv.chunks[0].max_abs_delta == float("inf")
     html = write_report(tmp_path, build_result(run_id="r1", scenario="s", history=[], checks=[]), []).read_text()
     assert "Infinity" in html
+
+
+def test_the_budget_bounds_the_whole_diagnosis_when_the_engine_never_answers() -> None:
+    """``--budget 300`` ran 450 s: the budget only gated starting a request. An engine (and twin)
+    that accepts connections and never answers: the diagnosis ends within the budget (plus the
+    last call's short floor), saying which steps it skipped."""
+    import socket
+    import time
+
+    from chaos.diagnose.diagnose import DiagnoseOptions, diagnose_failures
+    from chaos.stack.spec import KvchaosSettings, KvLayout
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        ops = [{"index": 0, "time": 0.0, "process": "c", "type": "invoke", "f": "complete", "phase": "p",
+                "request_id": rid, "fault_id": None,
+                "value": {"prompt_token_ids": [1, 2, 3], "prompt_len": 3, "cache_salt": None, "max_tokens": 2}}
+               for rid in ("a", "b")]
+        ops += [{"index": 2 + i, "time": 1.0, "process": "c", "type": "ok", "f": "complete", "phase": "p",
+                 "request_id": rid, "fault_id": None,
+                 "value": {"type": "ok", "token_ids": [5, 6], "prompt_len": 3, "finish_reason": "length"}}
+                for i, rid in enumerate(("a", "b"))]
+        checks = [CheckResult(name="recompute_equivalence", verdict="failed", summary="x",
+                              details={"mismatches": [{"request_id": "a"}, {"request_id": "b"}]})]
+        t0 = time.monotonic()
+        diag = diagnose_failures(ops, {"a": [7, 8], "b": [7, 8]}, checks,
+                                 KvchaosSettings(engine_url=url, recompute_url=url,
+                                                 kv_layout=KvLayout(num_layers=4, hidden_dim=256)),
+                                 options=DiagnoseOptions(limit=2, budget_s=2.0))
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert took < 3.5, took
+    assert any("time budget spent before" in e for e in diag.requests[0].errors)
+    assert [s.reason for s in diag.skipped] == ["time budget of 2s spent"]
