@@ -122,6 +122,7 @@ def diagnose(
             pool.close()
             raise _err(f"stack did not start: {exc}", 3) from None
         mode = "replayed"
+        say(f"stack up after {time.monotonic() - t0:.0f}s of the {budget:g}s budget")
     try:
         if mode == "replayed":
             last = max(recs[r].invoke_time for r in chosen)

@@ -35,11 +35,25 @@ _TORCH_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def quiet_lmcache() -> None:
-    """Set every ``lmcache*`` logger of this process to WARNING (LMCache's ``init_logger`` gives
-    each module its own INFO handler, which would print dozens of lines before a diagnosis's
-    verdicts). Call after importing lmcache modules; the server's own logs are not touched."""
+    """Import the lmcache modules the reader uses with LMCache's log level at WARNING, and set
+    every ``lmcache*`` logger of this process to WARNING (LMCache's ``init_logger`` gives each
+    module its own INFO handler, read at import, which would print dozens of lines before a
+    diagnosis's verdicts). ``LMCACHE_LOG_LEVEL`` is restored after the imports, so services this
+    process starts later keep their own level; the servers' logs are not touched."""
     import logging
 
+    before = os.environ.get("LMCACHE_LOG_LEVEL")
+    os.environ["LMCACHE_LOG_LEVEL"] = "WARNING"
+    try:
+        import lmcache.integration.vllm.vllm_multi_process_adapter  # noqa: F401
+        import lmcache.v1.distributed.l2_adapters.fs_l2_adapter  # noqa: F401
+        import lmcache.v1.multiprocess.group_view  # noqa: F401
+        import lmcache.v1.multiprocess.token_hasher  # noqa: F401
+    finally:
+        if before is None:
+            os.environ.pop("LMCACHE_LOG_LEVEL", None)
+        else:
+            os.environ["LMCACHE_LOG_LEVEL"] = before
     for name in list(logging.root.manager.loggerDict):
         if name == "lmcache" or name.startswith("lmcache."):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -116,9 +130,9 @@ def server_info(http: str, timeout_s: float = 10.0) -> ServerInfo:
 def chunk_hashes(token_ids: list[int], chunk_size: int, hash_algorithm: str = "blake3") -> list[bytes]:
     """The rolling chunk hashes LMCache keys the prompt's full chunks with (its own
     ``TokenHasher``), one per full chunk."""
+    quiet_lmcache()
     from lmcache.v1.multiprocess.token_hasher import TokenHasher
 
-    quiet_lmcache()
 
     return TokenHasher(chunk_size, hash_algorithm).compute_chunk_hashes(list(token_ids))
 
@@ -135,9 +149,9 @@ def stored_entries(info: ServerInfo, hashes: list[bytes], timeout_s: float = 5.0
         ``[{"model_name", "cache_salt", "kv_rank", "object_group_id", "chunk": index in hashes,
         "chunk_hash": hex, "where": "l2:fs" | "l2:resp"}]``.
     """
+    quiet_lmcache()
     from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _filename_to_object_key
 
-    quiet_lmcache()
 
     index = {h: i for i, h in enumerate(hashes)}
     out: list[dict[str, Any]] = []
@@ -203,6 +217,8 @@ class KVReader:
     def __enter__(self) -> KVReader:
         import torch
         import zmq
+
+        quiet_lmcache()
         from lmcache.integration.vllm.vllm_multi_process_adapter import (
             LMCacheMPSchedulerAdapter,
             LMCacheMPWorkerAdapter,
@@ -210,7 +226,6 @@ class KVReader:
         )
         from lmcache.v1.multiprocess.group_view import EngineGroupInfo
 
-        quiet_lmcache()
         # Block 0 is LMCache's null block id (mp.null_block_id): never a target.
         blocks = 1 + self._chunks * self.chunk_size // _BLOCK_SIZE
         dt = getattr(torch, self.dtype)

@@ -363,3 +363,18 @@ def test_the_budget_bounds_the_whole_diagnosis_when_the_engine_never_answers() -
     assert took < 3.5, took
     assert any("time budget spent before" in e for e in diag.requests[0].errors)
     assert [s.reason for s in diag.skipped] == ["time budget of 2s spent"]
+
+
+def test_lmcache_client_logs_stay_quiet_and_the_environment_is_restored() -> None:
+    """Dozens of LMCache INFO lines preceded the verdicts: importing the client (its device
+    detection logs at import) and using it print none, and LMCACHE_LOG_LEVEL is left as found."""
+    import subprocess
+    import sys
+
+    code = ("import os; from chaos.diagnose.lmcache import quiet_lmcache, chunk_hashes; quiet_lmcache(); "
+            "chunk_hashes(list(range(600)), 256); import logging; "
+            "logging.getLogger('lmcache.v1.multiprocess.token_hasher').info('x'); "
+            "print(repr(os.environ.get('LMCACHE_LOG_LEVEL')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "INFO" not in r.stderr and r.stdout.strip() == "None"
