@@ -26,9 +26,11 @@ def _err(msg: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def warm_stack(settings, history, before: float, limit: int, say=lambda _m: None) -> int:
+def warm_stack(settings, history, before: float, limit: int, say=lambda _m: None,
+               until: float | None = None) -> int:
     """Replay, in invoke order and one at a time, the requests the run completed that were
-    invoked before ``before`` (s since run start), at most ``limit``; returns how many."""
+    invoked before ``before`` (s since run start), at most ``limit``, and none after
+    ``time.monotonic()`` passes ``until``; returns how many."""
     from chaos.checks.requests import requests
     from chaos.diagnose.replay import replay
 
@@ -36,9 +38,13 @@ def warm_stack(settings, history, before: float, limit: int, say=lambda _m: None
     for rec in requests(history):
         if rec.outcome != "ok" or rec.invoke_time >= before or not rec.prompt_token_ids or n >= limit:
             continue
+        if until is not None and time.monotonic() >= until:
+            say(f"warm-up stopped after {n} requests: its share of the time budget is spent")
+            break
         inv = rec.invoke_value
+        left = 120.0 if until is None else max(1.0, min(120.0, until - time.monotonic()))
         replay(settings.engine_url, "fresh", rec.prompt_token_ids, int(inv.get("max_tokens") or 1),
-               cache_salt=inv.get("cache_salt"), request_id=f"kvchaos-warm-{rec.request_id}")
+               cache_salt=inv.get("cache_salt"), request_id=f"kvchaos-warm-{rec.request_id}", timeout_s=left)
         n += 1
     say(f"warmed the stack with {n} requests of the run")
     return n
@@ -48,14 +54,16 @@ def diagnose(
     run_dir: Path = typer.Argument(..., help="a run folder, reports/<run-id>"),
     request_ids: list[str] = typer.Argument(None, help="requests to diagnose (default: the first failing ones)"),
     limit: int = typer.Option(3, "--limit", min=1, help="diagnose the first N failing requests"),
-    budget: float = typer.Option(300.0, "--budget", help="start no new request after this many seconds"),
+    budget: float = typer.Option(300.0, "--budget", min=1.0,
+                                 help="seconds the command may spend from its start (stack start-up, warm-up "
+                                 "and diagnosis; the stack's shutdown comes after)"),
     attach: Path | None = typer.Option(None, "--attach", help="diagnose on the stack `kvchaos stack up FILE` "
                                        "started (as it is, no warm-up) instead of a fresh one"),
     stack_file: Path | None = typer.Option(None, "--stack", help="bring up this stack file instead of the run's"),
     backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
     warm_limit: int = typer.Option(500, "--warm-limit", help="replay at most this many earlier requests"),
 ) -> None:
-    """Diagnose a run's failing requests: A/B replay, first divergence, prefix length against
+    """Diagnose a run's failing requests (recompute_equivalence, isolation, hit_quality): A/B replay, first divergence, prefix length against
     LMCache's lookup, served KV against the witness KV chunk by chunk and layer by layer, key
     identity, and a verdict in the false-hit triage's terms. Writes RUN_DIR/diagnosis.json and
     the "Why" section of RUN_DIR/report.html."""
@@ -64,6 +72,8 @@ def diagnose(
     from chaos.diagnose.diagnose import DiagnoseOptions, diagnose_failures, failing_requests, write_diagnosis
     from chaos.report.writer import ReportError, read_history, read_result, render_report
 
+    t0 = time.monotonic()
+    deadline = t0 + budget
     run_dir = Path(run_dir)
     try:
         result = read_result(run_dir)
@@ -77,13 +87,13 @@ def diagnose(
     unknown = [r for r in request_ids or [] if r not in recs]
     if unknown:
         raise _err(f"{run_dir}: no request {unknown[0]!r} in the history", 2)
-    chosen = list(request_ids or []) or [rid for rid, _, _ in failing_requests(result.checks)][:limit]
+    chosen = list(request_ids or []) or [rid for rid, _, _ in failing_requests(result.checks, history,
+                                                                               snaps.chunk_size)][:limit]
     if not chosen:
-        typer.echo("nothing to diagnose: no request failed recompute_equivalence or isolation")
+        typer.echo("nothing to diagnose: no request failed recompute_equivalence, isolation or hit_quality")
         raise typer.Exit(0)
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
-    opts = DiagnoseOptions(limit=limit, budget_s=budget)
-    t0 = time.monotonic()
+    opts = DiagnoseOptions(limit=limit, budget_s=budget, deadline=deadline)
     if attach is not None:
         from chaos.cli import _attach_stack, _stack_run_dir
 
@@ -112,10 +122,13 @@ def diagnose(
             pool.close()
             raise _err(f"stack did not start: {exc}", 3) from None
         mode = "replayed"
+        say(f"stack up after {time.monotonic() - t0:.0f}s of the {budget:g}s budget")
     try:
         if mode == "replayed":
             last = max(recs[r].invoke_time for r in chosen)
-            warm_stack(stack.settings, history, last, warm_limit, say)
+            # The warm-up gets at most half of what is left; the diagnosis the rest.
+            warm_stack(stack.settings, history, last, warm_limit, say,
+                       until=time.monotonic() + max(0.0, deadline - time.monotonic()) / 2)
         diag = diagnose_failures(history, snaps.expected, result.checks, stack.settings, run_id=result.run_id,
                                  scenario=result.scenario, options=opts, request_ids=chosen, mode=mode, say=say)
     finally:

@@ -17,6 +17,7 @@ the stack file gives none (``x-kvchaos.kv_layout``) and ``engine_debug`` is on.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,11 +29,21 @@ import httpx
 from chaos.checks.recompute_equivalence import first_difference
 from chaos.checks.requests import RequestRecord, requests
 from chaos.checks.result import CheckResult
+from chaos.diagnose import engine_kv as engine_kv_api
 from chaos.diagnose import kvdiff
-from chaos.diagnose.lmcache import KVReader, LMCacheReadError, ServerInfo, chunk_hashes, server_info, stored_entries
+from chaos.diagnose.lmcache import (
+    KVReader,
+    LMCacheReadError,
+    ServerInfo,
+    chunk_hashes,
+    delete_objects,
+    server_info,
+    stored_entries,
+)
 from chaos.diagnose.model import (
     Diagnosis,
     Divergence,
+    EngineKV,
     KeyIdentity,
     KVContent,
     LengthMask,
@@ -40,12 +51,13 @@ from chaos.diagnose.model import (
     SkippedRequest,
     StoredEntry,
 )
-from chaos.diagnose.replay import TOP_K, bypass_salt, replay, reset_prefix_cache
+from chaos.diagnose.replay import BYPASS_PREFIX, TOP_K, bypass_salt, replay, reset_prefix_cache
 from chaos.diagnose.verdict import Original, decide, off_by_name
 from chaos.stack.spec import KvchaosSettings, KvLayout
 
-#: Checks whose failures name requests, and where in their details the request ids are.
-REQUEST_CHECKS = {"recompute_equivalence": "mismatches", "isolation": "violations"}
+#: Checks whose failures name requests, and where in their details the request ids are
+#: (hit_quality: see :func:`failing_requests`).
+REQUEST_CHECKS = {"recompute_equivalence": "mismatches", "isolation": "violations", "hit_quality": None}
 _ELEM = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -55,26 +67,59 @@ class DiagnoseOptions:
 
     Attributes:
         limit: the first N failing requests (0: none).
-        budget_s: stop starting new requests once this much time is spent (s).
+        budget_s: the whole diagnosis ends within this many seconds: no request starts and no
+            step runs once it is spent, and every replay's timeout is cut to what is left.
+        deadline: ``time.monotonic()`` by which it ends (overrides ``budget_s`` when set: the
+            CLI counts its warm-up in the budget).
         engine_debug: may read the engine's ``/debug/state`` for the KV layout.
         tolerance: |delta| counted equal, relative to the witness's max |value| (0: bit-exact).
     """
 
     limit: int = 3
     budget_s: float = 60.0
+    deadline: float | None = None
     engine_debug: bool = True
     tolerance: float = 0.0
 
 
-def failing_requests(checks: Iterable[CheckResult]) -> list[tuple[str, str, str]]:
+def _hit_quality_requests(check: CheckResult, history: list[Any] | None, chunk: int) -> list[tuple[str, str]]:
+    """``(request_id, line)`` of requests a failed hit_quality names: the stored-prefix misses of
+    its failed phases, else (rate bounds name none) the failed phases' requests whose reported
+    LMCache hit is not a whole number of chunks or recomputes part of a stored prefix."""
+    phases = {p: d for p, d in (check.details.get("phases") or {}).items() if d.get("verdict") == "failed"}
+    out: list[tuple[str, str]] = []
+    for p, d in phases.items():
+        for m in d.get("stored_prefix_misses") or []:
+            out.append((m["request_id"], f"req {m['request_id']} ({p}) re-sent {m.get('stored_prefix_tokens')} stored "
+                        f"tokens and got {m.get('lmcache_tokens')} from LMCache + {m.get('local_tokens')} local"))
+    if out or history is None:
+        return out
+    from chaos.checks.hits import request_hits
+
+    recs = [r for r in requests(history) if r.phase in phases]
+    for h in request_hits(recs, chunk_size=chunk, stored_from=recs):
+        if h.looked_up and h.lmcache_tokens and (h.lmcache_tokens % chunk or h.recomputed_stored_tokens > 0):
+            out.append((h.request_id, f"req {h.request_id} ({h.phase}) reported {h.lmcache_tokens} LMCache tokens "
+                        f"(not a whole number of {chunk}-token chunks)"))
+    return out
+
+
+def failing_requests(checks: Iterable[CheckResult], history: Iterable[Any] | None = None,
+                     chunk_size: int = 256) -> list[tuple[str, str, str]]:
     """``(request_id, check, one-line failure)`` for every request a failed check names, in the
-    checks' order, each request once (its first check)."""
+    checks' order, each request once (its first check). ``history`` (and LMCache's
+    ``chunk_size``) lets a hit_quality failure of rates alone name its requests."""
     out: list[tuple[str, str, str]] = []
     seen: set[str] = set()
+    hist = list(history) if history is not None else None
     for c in checks:
         if c.verdict != "failed" or c.name not in REQUEST_CHECKS:
             continue
-        for item in c.details.get(REQUEST_CHECKS[c.name]) or []:
+        if c.name == "hit_quality":
+            items = [{"request_id": rid, "line": line} for rid, line in _hit_quality_requests(c, hist, chunk_size)]
+        else:
+            items = c.details.get(REQUEST_CHECKS[c.name]) or []  # type: ignore[arg-type]
+        for item in items:
             rid = item.get("request_id")
             if rid and rid not in seen:
                 seen.add(rid)
@@ -97,6 +142,11 @@ class _Context:
     problems: list[str] = field(default_factory=list)
     readers: dict[tuple[str, str], KVReader] = field(default_factory=dict)
     stack: ExitStack = field(default_factory=ExitStack)
+    deadline: float = float("inf")
+
+    def left(self) -> float:
+        """Seconds of the budget left (<= 0: spent)."""
+        return self.deadline - time.monotonic()
 
     def reader(self, info: ServerInfo, model: str) -> KVReader:
         key = (info.zmq_url, model)
@@ -114,7 +164,8 @@ def _resolve_layout(ctx: _Context) -> None:
         ctx.layout, ctx.layout_source = s.kv_layout, "x-kvchaos.kv_layout"
     elif ctx.options.engine_debug and s.engine_url:
         try:
-            cfg = httpx.get(f"{s.engine_url.rstrip('/')}/debug/state", timeout=10).json()["config"]["model"]
+            cfg = httpx.get(f"{s.engine_url.rstrip('/')}/debug/state",
+                            timeout=max(0.2, min(10.0, ctx.left()))).json()["config"]["model"]
             head = int(cfg["hidden_size"]) // int(cfg["num_heads"])
             ctx.layout = KvLayout(num_layers=int(cfg["num_layers"]), hidden_dim=int(cfg["num_kv_heads"]) * head,
                                   dtype=str(cfg.get("dtype") or "float32"))
@@ -134,8 +185,8 @@ def _resolve_layout(ctx: _Context) -> None:
             ctx.layout = None
 
 
-def _prepare(settings: KvchaosSettings, options: DiagnoseOptions) -> _Context:
-    ctx = _Context(settings=settings, options=options)
+def _prepare(settings: KvchaosSettings, options: DiagnoseOptions, deadline: float = float("inf")) -> _Context:
+    ctx = _Context(settings=settings, options=options, deadline=deadline)
     if settings.lmcache_http:
         try:
             ctx.main = server_info(settings.lmcache_http)
@@ -174,13 +225,17 @@ def _key_identity(ctx: _Context, prompt: list[int], salt: str) -> tuple[KeyIdent
             g.where.append(e["where"])
     for g in grouped.values():
         g.chunks.sort()
-    key.l2_entries = sorted(grouped.values(), key=lambda g: (g.model_name, g.cache_salt))
+    # A diagnosis's own bypass replays are not the run's entries (cleaned up, but an L2 write
+    # may land after the clean-up).
+    key.l2_entries = sorted((g for g in grouped.values() if not g.cache_salt.startswith(BYPASS_PREFIX)),
+                            key=lambda g: (g.model_name, g.cache_salt))
     return key, hashes
 
 
 def _lookups(ctx: _Context, key: KeyIdentity, model: str, prompt: list[int]) -> None:
     salts = [key.request_salt] + ([""] if key.request_salt else [])
-    salts += sorted({e.cache_salt for e in key.l2_entries if e.model_name == model} - set(salts))
+    salts += sorted({e.cache_salt for e in key.l2_entries
+                     if e.model_name == model and not e.cache_salt.startswith(BYPASS_PREFIX)} - set(salts))
     reader = ctx.reader(ctx.main, model)  # type: ignore[arg-type]
     for s in salts:
         key.lookups[s] = reader.lookup(prompt, s, reserve_last_token=True)
@@ -203,8 +258,16 @@ def _judge_key(key: KeyIdentity, model: str, claimed_external: int | None, fresh
         key.used_salt = key.request_salt
 
 
+def _witness_chunks(ctx: _Context, model: str, prompt: list[int]):
+    """Every full chunk of the prompt the witness LMCache holds (the clean twin's KV), or None."""
+    assert ctx.witness is not None
+    wmodel = model if model in ctx.witness.model_names or not ctx.witness.model_names else ctx.witness.model_names[0]
+    _, witness = ctx.reader(ctx.witness, wmodel).read(prompt, "")
+    return witness
+
+
 def _kv_content(ctx: _Context, model: str, prompt: list[int], salt: str, hashes: list[bytes],
-                claimed: int) -> KVContent:
+                claimed: int, witness) -> KVContent:
     kv = KVContent(model_name=model, served_salt=salt, tolerance=ctx.options.tolerance,
                    layout=ctx.layout.model_dump() if ctx.layout else None)
     if ctx.layout is None:
@@ -217,14 +280,12 @@ def _kv_content(ctx: _Context, model: str, prompt: list[int], salt: str, hashes:
     if served is None:
         kv.reason = f"LMCache holds no chunk of this prompt under cache_salt {salt!r}"
         return kv
-    wmodel = model if model in ctx.witness.model_names or not ctx.witness.model_names else ctx.witness.model_names[0]
-    _, witness = ctx.reader(ctx.witness, wmodel).read(prompt, "", end=n_served)
     if witness is None:
         kv.reason = "the witness LMCache holds no chunk of this prompt (the twin did not store it)"
         return kv
     chunk = ctx.main.chunk_size  # type: ignore[union-attr]
     kv.status = "compared"
-    for i in range(min(served.shape[0], witness.shape[0])):
+    for i in range(min(served.shape[0], witness.shape[0], n_served // chunk)):
         kv.chunks.append(kvdiff.compare_chunk(served[i], witness[i], chunk=i, start=i * chunk,
                                               chunk_hash=hashes[i].hex() if i < len(hashes) else "",
                                               tolerance=ctx.options.tolerance))
@@ -235,6 +296,67 @@ def _kv_content(ctx: _Context, model: str, prompt: list[int], salt: str, hashes:
         kv.first_bad_position = bad[0].first_bad_position
         kv.first_bad_layer = min(c.first_bad_layer for c in bad if c.first_bad_layer is not None)
     return kv
+
+
+def _engine_kv(ctx: _Context, request_id: str, prompt: list[int], hashes: list[bytes], witness,
+               armed: str | None) -> EngineKV:
+    """Triage step 3 on the engine's side: the KV the fresh replay attended over (its blocks
+    after the load, read through the engine's ``/debug/kv``) against the witness, per chunk."""
+    ekv = EngineKV(request_id=request_id, prompt_tokens=len(prompt))
+    if armed is not None:
+        ekv.reason = armed
+        return ekv
+    if witness is None:
+        ekv.reason = "the witness LMCache holds no chunk of this prompt"
+        return ekv
+    try:
+        kv, local, external = engine_kv_api.fetch(ctx.settings.engine_url, request_id,  # type: ignore[arg-type]
+                                                  timeout_s=max(0.2, min(10.0, ctx.left())))
+    except engine_kv_api.EngineKVError as exc:
+        ekv.reason = str(exc)
+        return ekv
+    chunk = ctx.main.chunk_size if ctx.main else ctx.settings.chunk_size
+    ekv.loaded_start, ekv.loaded_end = local, local + external
+    try:
+        ekv.chunks, ekv.bad_chunks, ekv.computed_bad_chunks = kvdiff.compare_engine_kv(
+            kv, witness, chunk_size=chunk, loaded=(local, local + external), hashes=[h.hex() for h in hashes],
+            tolerance=ctx.options.tolerance)
+    except ValueError as exc:
+        ekv.reason = str(exc)
+        return ekv
+    ekv.status = "compared"
+    ekv.first_bad_chunk = ekv.bad_chunks[0] if ekv.bad_chunks else None
+    return ekv
+
+
+def _clean_bypass(ctx: _Context, model: str | None, hashes: list[bytes], salt: str | None) -> list[str]:
+    """Delete what the bypass replay stored under its salt (L1 and every L2 adapter), so later
+    reads (lookups by salt, the leaks and hit checks of a later run on this stack) never see
+    it. L2 writes are asynchronous: listed objects are deleted again for up to 3 s."""
+    if ctx.main is None or model is None or not salt or not salt.startswith(BYPASS_PREFIX) or not hashes:
+        return []
+    rank, group = 0, 0
+    for e in stored_entries(ctx.main, hashes):
+        if e["model_name"] == model:
+            rank, group = int(e.get("kv_rank") or 0), int(e.get("object_group_id") or 0)
+            break
+
+    def keys(entries) -> list[dict[str, Any]]:
+        return [{"chunk_hash_hex": e["chunk_hash"], "model_name": e["model_name"], "kv_rank": e["kv_rank"],
+                 "object_group_id": e["object_group_id"], "cache_salt": e["cache_salt"]} for e in entries]
+
+    guessed = [{"chunk_hash": h.hex(), "model_name": model, "kv_rank": rank, "object_group_id": group,
+                "cache_salt": salt} for h in hashes]
+    problems = delete_objects(ctx.main, keys(guessed))
+    end = time.monotonic() + min(3.0, max(0.0, ctx.left()))
+    while True:
+        left = [e for e in stored_entries(ctx.main, hashes) if e["cache_salt"] == salt]
+        if not left:
+            return problems
+        if time.monotonic() > end:
+            return problems + [f"{len(left)} object(s) of the bypass replay (cache_salt {salt!r}) still in L2"]
+        problems = delete_objects(ctx.main, keys(left))
+        time.sleep(0.2)
 
 
 def _divergence(expected: list[int], actual: list[int], tops: list[dict[int, float]]) -> Divergence:
@@ -270,7 +392,8 @@ def _model_for(ctx: _Context, prompt: list[int]) -> str | None:
 def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | None, check: str,
                      failure: str, replay_timeout_s: float = 60.0) -> RequestDiagnosis:
     """All six steps for one request (errors are recorded, never raised); each replay waits
-    at most ``replay_timeout_s``."""
+    at most ``replay_timeout_s`` and what the budget leaves (``ctx.deadline``); a step that
+    would start after the deadline is skipped (said in ``errors``)."""
     t0 = time.monotonic()
     d = RequestDiagnosis(request_id=rec.request_id, check=check, phase=rec.phase, failure=failure)
     s = ctx.settings
@@ -293,6 +416,15 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
         d.step_seconds[step] = round(now - mark[0], 3)
         mark[0] = now
 
+    def spent(step: str) -> bool:
+        if ctx.left() > 0:
+            return False
+        d.errors.append(f"time budget spent before {step}: skipped")
+        return True
+
+    def timeout(most: float = replay_timeout_s) -> float:
+        return max(0.2, min(most, ctx.left()))
+
     # 5 (first half): what LMCache holds before anything is replayed.
     if ctx.main is not None and model is not None and ctx.layout is not None:
         try:
@@ -303,17 +435,30 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
     elif ctx.main is not None and model is None:
         d.errors.append("no engine has a KV context registered with LMCache (no model name for the keys)")
     lap("lmcache_lookups")
-    # 1: A/B isolation.
-    if s.engine_url:
-        d.ab.prefix_cache_reset = reset_prefix_cache(s.engine_url)
-        d.ab.fresh, _ = replay(s.engine_url, "fresh", prompt, max_tokens, cache_salt=salt,
-                               timeout_s=replay_timeout_s)
-        d.ab.bypass, _ = replay(s.engine_url, "bypass", prompt, max_tokens, cache_salt=bypass_salt(),
-                                timeout_s=replay_timeout_s)
+    # 1: A/B isolation; the fresh replay's KV is captured by an engine that can show it.
+    fresh_id = f"kvchaos-diagnose-fresh-{uuid.uuid4().hex[:8]}"
+    armed: str | None = "no engine URL"
+    bypass_used: str | None = None
+    if s.engine_url and not spent("the replays"):
+        d.ab.prefix_cache_reset = reset_prefix_cache(s.engine_url, timeout_s=timeout(10.0))
+        if not ctx.options.engine_debug:
+            armed = "reading the engine's debug routes is off (engine_debug)"
+        elif not spent("the engine KV capture"):
+            try:
+                engine_kv_api.arm(s.engine_url, fresh_id, timeout_s=timeout(5.0))
+                armed = None
+            except engine_kv_api.EngineKVError as exc:
+                armed = str(exc)
+        if not spent("the fresh replay"):
+            d.ab.fresh, _ = replay(s.engine_url, "fresh", prompt, max_tokens, cache_salt=salt, request_id=fresh_id,
+                                   timeout_s=timeout())
+        if not spent("the bypass replay"):
+            bypass_used = bypass_salt()
+            d.ab.bypass, _ = replay(s.engine_url, "bypass", prompt, max_tokens, cache_salt=bypass_used,
+                                    timeout_s=timeout())
     tops: list[dict[int, float]] = []
-    if s.recompute_url:
-        d.ab.twin, tops = replay(s.recompute_url, "twin", prompt, max_tokens, logprobs=TOP_K,
-                                 timeout_s=replay_timeout_s)
+    if s.recompute_url and not spent("the twin replay"):
+        d.ab.twin, tops = replay(s.recompute_url, "twin", prompt, max_tokens, logprobs=TOP_K, timeout_s=timeout())
     lap("replays")
     truth = d.ab.twin.token_ids if d.ab.twin and d.ab.twin.token_ids is not None else expected
     if d.ab.twin and d.ab.twin.token_ids is not None and expected is not None and d.ab.twin.token_ids != expected:
@@ -341,29 +486,46 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
         _judge_key(d.key, model, length.fresh_external, length.fresh_local or 0)
         held = d.key.lookups.get(d.key.used_salt if d.key.used_salt is not None else (salt or ""), own) or 0
         length.lmcache_prefix_tokens = held
-        if length.fresh_external is not None and (length.fresh_external or 0) > 0 and not length.fresh_local:
+        looked_up = fresh is not None and fresh.lookup not in (None, "disabled", "timeout", "error")
+        if length.fresh_external is not None and not length.fresh_local and (
+                length.fresh_external > 0 or (held > 0 and looked_up)):
             length.valid_prefix = held
             length.off_by = length.fresh_external - held
-            if length.off_by > 0:
+            if length.off_by:
                 length.off_by_name = off_by_name(length.off_by, chunk)
-                if length.fresh_external == len(prompt) - 1:
+                if length.fresh_external == len(prompt) - 1 and length.off_by > 0:
                     length.off_by_name += " (capped at the prompt length - 1)"
-        if original.external > 0:
+        if original.external > 0 or (check == "hit_quality" and held > 0):
             length.off_by_original = original.local + original.external - max(held, original.local)
     d.length = length
-    # 4: KV content.
-    if model is not None and ctx.main is not None:
+    # 4: KV content: what LMCache serves, then what the engine attends over, against the witness.
+    witness = None
+    if model is not None and ctx.main is not None and not spent("the KV comparison"):
         served_salt = d.key.used_salt if d.key.used_salt is not None else (salt or "")
         claimed = max((length.fresh_local or 0) + (length.fresh_external or 0), original.local + original.external)
         try:
-            d.kv = _kv_content(ctx, model, prompt, served_salt, hashes, claimed)
+            if ctx.witness is not None and ctx.layout is not None:
+                witness = _witness_chunks(ctx, model, prompt)
+            d.kv = _kv_content(ctx, model, prompt, served_salt, hashes, claimed, witness)
             if d.kv.status == "compared":
                 length.lmcache_full_tokens = len(d.kv.chunks) * chunk
         except LMCacheReadError as exc:
             d.kv = KVContent(reason=str(exc))
     else:
         d.kv = KVContent(reason="; ".join(ctx.problems) or "no LMCache to read")
+    if fresh is not None and fresh.error is None:
+        d.engine_kv = _engine_kv(ctx, fresh_id, prompt, hashes, witness, armed)
+    else:
+        d.engine_kv = EngineKV(request_id=fresh_id, reason=armed or "the fresh replay failed")
     lap("kv_read_and_compare")
+    if bypass_used:
+        try:
+            d.errors.extend(_clean_bypass(ctx, model, hashes or (chunk_hashes(prompt, ctx.main.chunk_size,
+                                                                              ctx.main.hash_algorithm)
+                                                                 if ctx.main else []), bypass_used))
+        except LMCacheReadError as exc:
+            d.errors.append(f"bypass clean-up: {exc}")
+        lap("bypass_cleanup")
     decide(d, original)
     d.seconds = round(time.monotonic() - t0, 3)
     return d
@@ -389,8 +551,9 @@ def diagnose_failures(history: Iterable[Any], expected: dict[str, list[int]], ch
     opts = options or DiagnoseOptions()
     t0 = time.monotonic()
     diag = Diagnosis(run_id=run_id, scenario=scenario, mode=mode, budget_s=opts.budget_s)  # type: ignore[arg-type]
+    history = list(history)
     recs = {r.request_id: r for r in requests(history)}
-    failing = failing_requests(checks)
+    failing = failing_requests(checks, history, settings.chunk_size or 256)
     if request_ids:
         by_id = {rid: (rid, chk, line) for rid, chk, line in failing}
         failing = [by_id.get(rid, (rid, "requested", "")) for rid in request_ids]
@@ -399,7 +562,7 @@ def diagnose_failures(history: Iterable[Any], expected: dict[str, list[int]], ch
         diag.skipped.append(SkippedRequest(request_id=rid, check=chk, reason=f"beyond the first {opts.limit}"))
     if not todo:
         return diag
-    ctx = _prepare(settings, opts)
+    ctx = _prepare(settings, opts, opts.deadline if opts.deadline is not None else t0 + opts.budget_s)
     diag.prepare_seconds = round(time.monotonic() - t0, 3)
     try:
         for rid, chk, line in todo:
@@ -407,14 +570,12 @@ def diagnose_failures(history: Iterable[Any], expected: dict[str, list[int]], ch
             if rec is None or not rec.prompt_token_ids:
                 diag.skipped.append(SkippedRequest(request_id=rid, check=chk, reason="no prompt in the history"))
                 continue
-            if time.monotonic() - t0 > opts.budget_s:
+            if ctx.left() <= 0:
                 diag.skipped.append(SkippedRequest(request_id=rid, check=chk,
                                                    reason=f"time budget of {opts.budget_s:g}s spent"))
                 continue
             say(f"diagnose {rid}")
-            left = opts.budget_s - (time.monotonic() - t0)
-            diag.requests.append(diagnose_request(ctx, rec, expected.get(rid), chk, line,
-                                                  replay_timeout_s=min(60.0, max(10.0, left))))
+            diag.requests.append(diagnose_request(ctx, rec, expected.get(rid), chk, line))
     finally:
         ctx.stack.close()
     diag.seconds = round(time.monotonic() - t0, 3)

@@ -1,7 +1,9 @@
 """``kvchaos run``'s call into diagnosis, right after the checks, on the stack the run used.
 
-Bounded: the first ``KVCHAOS_DIAGNOSE`` failing requests (default 3; 0 turns it off), and no new
-request once ``KVCHAOS_DIAGNOSE_BUDGET_S`` seconds are spent (default 60). A diagnosis that
+Bounded: the first ``KVCHAOS_DIAGNOSE`` failing requests (default 3; 0 turns it off), and the
+whole diagnosis ends within ``KVCHAOS_DIAGNOSE_BUDGET_S`` seconds (default 60: no request or
+step starts after it, every call's timeout is cut to what is left). Failing requests include
+hit_quality's. A diagnosis that
 fails is recorded in ``diagnosis.json`` (``error``); it never changes the run's verdict.
 """
 
@@ -47,7 +49,7 @@ def diagnose_after_checks(*, run_id: str, scenario: str, stack: Any, run_dir: Pa
     except ValueError as exc:
         say(f"diagnosis off: {exc}")
         return None
-    if opts.limit <= 0 or not failing_requests(checks):
+    if opts.limit <= 0 or not failing_requests(checks, history, stack.settings.chunk_size or 256):
         return None
     say("diagnose")
     try:

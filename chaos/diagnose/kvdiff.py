@@ -5,8 +5,9 @@ diff or many zeros: the entry is corrupt. Zero diff: the KV is right and the fau
 length, mask or sampling." A chunk is ``[2, num_layers, chunk_size, hidden_dim]`` (K, V).
 
 Kinds of a differing chunk:
-- ``zero``: at least half of the served values are exactly 0 where the witness's are not
-  (an empty buffer was stored or read);
+- ``zero``: at least half of the served values, of the whole chunk or of the layers' K or V
+  planes that differ, are exactly 0 where the witness's are not (an empty buffer was stored or
+  read, or one layer's K or V was zeroed);
 - ``corrupt``: non-finite values, or magnitudes far beyond the witness's (bytes that are not KV);
 - ``stale``: plausible KV, but not this prefix's (another request's blocks, an older entry, or
   KV computed over a wrong context: then layer 0, which depends only on the tokens, still
@@ -66,6 +67,7 @@ def compare_chunk(served, witness, *, chunk: int, start: int, chunk_hash: str, t
         d = delta[:, li]  # [2, T, H]
         bad = d > tol
         pos = plane = None
+        planes = [name for i, name in enumerate(("K", "V")) if bool(bad[i].any())]
         if bool(bad.any()):
             rows = bad.any(dim=2)  # [2, T]
             by_pos = rows.any(dim=0)
@@ -76,20 +78,76 @@ def compare_chunk(served, witness, *, chunk: int, start: int, chunk_hash: str, t
                 first_layer, first_pos = li, pos
         layers.append(LayerDiff(layer=li, max_abs_delta=float(d.max()) if d.numel() else 0.0,
                                 zero_share=round(_zero_share(s[:, li]), 6), served_checksum=checksum(served[:, li]),
-                                witness_checksum=checksum(witness[:, li]), first_position=pos, plane=plane))
+                                witness_checksum=checksum(witness[:, li]), first_position=pos, plane=plane,
+                                planes=planes))
     equal = first_layer is None
     zero_share, witness_zero = _zero_share(s), _zero_share(w)
     kind = None
     if not equal:
         smax = float(s[torch.isfinite(s)].abs().max()) if finite or bool(torch.isfinite(s).any()) else 0.0
-        if zero_share >= ZERO_SHARE and witness_zero < ZERO_SHARE:
+        # zeros judged where it differs (a load that zeroes one layer's K is "zero" there)
+        idx = [(li, p) for li, x in enumerate(layers) for p, name in enumerate(("K", "V")) if name in x.planes]
+        bad_s = torch.stack([s[p, li] for li, p in idx]) if idx else s
+        bad_w = torch.stack([w[p, li] for li, p in idx]) if idx else w
+        if (zero_share >= ZERO_SHARE and witness_zero < ZERO_SHARE) or (
+                _zero_share(bad_s) >= ZERO_SHARE and _zero_share(bad_w) < ZERO_SHARE):
             kind = "zero"
         elif not finite or smax > CORRUPT_MAGNITUDE * max(wmax, 1e-30):
             kind = "corrupt"
         else:
             kind = "stale"
-    return ChunkDiff(chunk=chunk, start=start, end=start + s.shape[2], chunk_hash=chunk_hash, equal=equal, kind=kind,
+    out = ChunkDiff(chunk=chunk, start=start, end=start + s.shape[2], chunk_hash=chunk_hash, equal=equal, kind=kind,
                      max_abs_delta=float(delta.max()) if delta.numel() else 0.0, zero_share=round(zero_share, 6),
                      witness_zero_share=round(witness_zero, 6), served_checksum=checksum(served),
                      witness_checksum=checksum(witness), first_bad_layer=first_layer, first_bad_position=first_pos,
                      layers=layers)
+    out.bad_where = out.bad_layers()
+    return out
+
+
+def equal_within(a, b, tolerance: float = 0.0) -> bool:
+    """``a`` equals ``b`` elementwise within ``tolerance`` x max |b| (same shape required)."""
+    if a.shape != b.shape:
+        return False
+    bf = b.float()
+    tol = tolerance * (float(bf.abs().max()) if bf.numel() else 0.0)
+    return bool(((a.float() - bf).abs() <= tol).all())
+
+
+def compare_engine_kv(engine_kv, witness, *, chunk_size: int, loaded: tuple[int, int], hashes: list[str],
+                      tolerance: float = 0.0):
+    """The KV an engine attends over against the witness's, chunk by chunk.
+
+    Args:
+        engine_kv: ``[2, num_layers, prompt_tokens, hidden_dim]`` (the engine's blocks, K then V).
+        witness: ``[chunks, 2, num_layers, chunk_size, hidden_dim]`` (the clean twin's chunks).
+        chunk_size: tokens per chunk; loaded: ``[start, end)`` tokens the engine took from
+            LMCache; hashes: chunk hashes (hex) for the report.
+        tolerance: as :func:`compare_chunk`.
+
+    Returns:
+        ``(chunks, bad_in_loaded, bad_after)``: a :class:`ChunkDiff` per full chunk both cover
+        (``same_as_chunk`` set when a differing chunk equals another chunk's witness), the
+        indices of differing chunks inside ``loaded`` and past it.
+
+    Raises:
+        ValueError: layer or width differ between the two.
+    """
+    if engine_kv.shape[:2] != witness.shape[1:3] or engine_kv.shape[3] != witness.shape[4]:
+        raise ValueError(f"engine KV {tuple(engine_kv.shape)} and witness chunks {tuple(witness.shape)} "
+                         "differ in layout")
+    n = min(engine_kv.shape[2] // chunk_size, witness.shape[0])
+    out, bad_in, bad_after = [], [], []
+    for i in range(n):
+        mine = engine_kv[:, :, i * chunk_size:(i + 1) * chunk_size]
+        d = compare_chunk(mine, witness[i], chunk=i, start=i * chunk_size,
+                          chunk_hash=hashes[i] if i < len(hashes) else "", tolerance=tolerance)
+        if not d.equal:
+            d.same_as_chunk = next((j for j in range(witness.shape[0])
+                                    if j != i and equal_within(mine, witness[j], tolerance)), None)
+            if i * chunk_size < loaded[1] and (i + 1) * chunk_size > loaded[0]:
+                bad_in.append(i)
+            else:
+                bad_after.append(i)
+        out.append(d)
+    return out, bad_in, bad_after

@@ -34,6 +34,31 @@ _BLOCK_SIZE = 16
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
 
 
+def quiet_lmcache() -> None:
+    """Import the lmcache modules the reader uses with LMCache's log level at WARNING, and set
+    every ``lmcache*`` logger of this process to WARNING (LMCache's ``init_logger`` gives each
+    module its own INFO handler, read at import, which would print dozens of lines before a
+    diagnosis's verdicts). ``LMCACHE_LOG_LEVEL`` is restored after the imports, so services this
+    process starts later keep their own level; the servers' logs are not touched."""
+    import logging
+
+    before = os.environ.get("LMCACHE_LOG_LEVEL")
+    os.environ["LMCACHE_LOG_LEVEL"] = "WARNING"
+    try:
+        import lmcache.integration.vllm.vllm_multi_process_adapter  # noqa: F401
+        import lmcache.v1.distributed.l2_adapters.fs_l2_adapter  # noqa: F401
+        import lmcache.v1.multiprocess.group_view  # noqa: F401
+        import lmcache.v1.multiprocess.token_hasher  # noqa: F401
+    finally:
+        if before is None:
+            os.environ.pop("LMCACHE_LOG_LEVEL", None)
+        else:
+            os.environ["LMCACHE_LOG_LEVEL"] = before
+    for name in list(logging.root.manager.loggerDict):
+        if name == "lmcache" or name.startswith("lmcache."):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 class LMCacheReadError(RuntimeError):
     """LMCache did not answer, or answered something the reader cannot use."""
 
@@ -105,7 +130,9 @@ def server_info(http: str, timeout_s: float = 10.0) -> ServerInfo:
 def chunk_hashes(token_ids: list[int], chunk_size: int, hash_algorithm: str = "blake3") -> list[bytes]:
     """The rolling chunk hashes LMCache keys the prompt's full chunks with (its own
     ``TokenHasher``), one per full chunk."""
+    quiet_lmcache()
     from lmcache.v1.multiprocess.token_hasher import TokenHasher
+
 
     return TokenHasher(chunk_size, hash_algorithm).compute_chunk_hashes(list(token_ids))
 
@@ -119,9 +146,12 @@ def stored_entries(info: ServerInfo, hashes: list[bytes], timeout_s: float = 5.0
     lookup (``KVReader.lookup``) covers it.
 
     Returns:
-        ``[{"model_name", "cache_salt", "chunk": index in hashes, "where": "l2:fs" | "l2:resp"}]``.
+        ``[{"model_name", "cache_salt", "kv_rank", "object_group_id", "chunk": index in hashes,
+        "chunk_hash": hex, "where": "l2:fs" | "l2:resp"}]``.
     """
+    quiet_lmcache()
     from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import _filename_to_object_key
+
 
     index = {h: i for i, h in enumerate(hashes)}
     out: list[dict[str, Any]] = []
@@ -133,8 +163,9 @@ def stored_entries(info: ServerInfo, hashes: list[bytes], timeout_s: float = 5.0
         for name in names:
             key = _filename_to_object_key(name)
             if key is not None and key.chunk_hash in index:
-                out.append({"model_name": key.model_name, "cache_salt": key.cache_salt,
-                            "chunk": index[key.chunk_hash], "where": "l2:fs"})
+                out.append({"model_name": key.model_name, "cache_salt": key.cache_salt, "kv_rank": key.kv_rank,
+                            "object_group_id": getattr(key, "object_group_id", 0),
+                            "chunk": index[key.chunk_hash], "chunk_hash": key.chunk_hash.hex(), "where": "l2:fs"})
     if info.redis:
         import redis
 
@@ -147,7 +178,8 @@ def stored_entries(info: ServerInfo, hashes: list[bytes], timeout_s: float = 5.0
                         parts = raw.decode(errors="replace").split("@")
                         if len(parts) in (4, 5) and parts[3] == h.hex():
                             out.append({"model_name": parts[0], "cache_salt": parts[4] if len(parts) == 5 else "",
-                                        "chunk": i, "where": "l2:resp"})
+                                        "kv_rank": int(parts[1]), "object_group_id": int(parts[2]),
+                                        "chunk": i, "chunk_hash": h.hex(), "where": "l2:resp"})
                 client.close()
             except redis.RedisError:
                 continue
@@ -185,6 +217,8 @@ class KVReader:
     def __enter__(self) -> KVReader:
         import torch
         import zmq
+
+        quiet_lmcache()
         from lmcache.integration.vllm.vllm_multi_process_adapter import (
             LMCacheMPSchedulerAdapter,
             LMCacheMPWorkerAdapter,
@@ -320,6 +354,39 @@ class KVReader:
         chunks = n // self.chunk_size
         out = kv.reshape(2, self.num_layers, chunks, self.chunk_size, self.hidden_dim).permute(2, 0, 1, 3, 4)
         return n, out.contiguous().clone()
+
+
+def delete_objects(info: ServerInfo, keys: list[dict[str, Any]], timeout_s: float = 10.0) -> list[str]:
+    """Delete objects from every tier of the server with LMCache's own ``DELETE /cache/objects``
+    (L1 and the primary L2 adapter with ``tier: all``, then each other L2 adapter).
+
+    Args:
+        keys: ``{"chunk_hash_hex", "model_name", "kv_rank", "object_group_id", "cache_salt"}``
+            (lmcache ``EncodedObjectKey``).
+
+    Returns:
+        Problems, one line each (empty: every call succeeded).
+    """
+    if not keys:
+        return []
+    base = info.http.rstrip("/")
+    problems: list[str] = []
+    try:
+        with httpx.Client(timeout=timeout_s, limits=pool_limits()) as client:
+            names: list[str] = []
+            r = client.get(f"{base}/config/adapters")
+            if r.status_code == 200:
+                names = [str(a.get("type_name")) for a in (r.json().get("adapters") or []) if a.get("type_name")]
+            bodies = [{"keys": keys, "tier": "all", "force": True}]
+            bodies += [{"keys": keys, "tier": "l2", "adapter": n} for n in dict.fromkeys(names[1:])]
+            for body in bodies:
+                r = client.request("DELETE", f"{base}/cache/objects", json=body)
+                if r.status_code != 200 or not r.json().get("ok", False):
+                    problems.append(f"LMCache DELETE /cache/objects ({body.get('adapter') or body['tier']}): "
+                                    f"HTTP {r.status_code} {r.text[:160]}")
+    except (httpx.HTTPError, ValueError) as exc:
+        problems.append(f"LMCache DELETE /cache/objects: {exc}")
+    return problems
 
 
 def fs_object_size(info: ServerInfo) -> int | None:

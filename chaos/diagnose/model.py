@@ -7,7 +7,11 @@ its own model; the verdict names the article's classes:
 - ``prefix_length``: the engine claimed more prefix than the cache held (the mask hid real
   positions; ``kind``: ``off by +N tokens``);
 - ``key_identity``: the hit came from an entry stored under another key (cache_salt, model);
-- ``logits_sampling``: KV and length right, the output still differs;
+- ``kv_after_load``: LMCache served the right KV, but what the engine attends over after the
+  load differs from the clean twin's KV (``kind`` names the layer, K or V, and the chunk, or the
+  chunk whose KV it holds);
+- ``logits_sampling``: the engine's KV, the length and the bypass replay right, the output
+  still differs;
 - ``engine_side``: the engine with the cache bypassed is wrong too (model, tokenizer, ...);
 - ``unknown``: the evidence does not decide (said why in ``evidence``).
 """
@@ -18,12 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Verdict = Literal["kv_content", "prefix_length", "key_identity", "logits_sampling", "engine_side", "unknown"]
+Verdict = Literal["kv_content", "kv_after_load", "prefix_length", "key_identity", "logits_sampling", "engine_side", "unknown"]
 
 #: The triage article's words for each verdict (report headings).
 VERDICT_TITLES: dict[str, str] = {
     "kv_content": "KV content wrong",
-    "prefix_length": "prefix length wrong (mask)",
+    "kv_after_load": "KV content wrong after load (engine side)",
+    "prefix_length": "prefix length wrong (offset)",
     "key_identity": "wrong entry (key identity)",
     "logits_sampling": "logits/sampling (KV and length right, output differs)",
     "engine_side": "engine-side (wrong with the cache bypassed too)",
@@ -118,8 +123,10 @@ class LengthMask(_Model):
             last prompt token reserved (what an engine may load), just before the fresh replay.
         lmcache_full_tokens: the same lookup over every full chunk.
         valid_prefix: tokens whose KV is legitimately available for the fresh replay.
-        off_by: fresh claim - valid prefix when the engine loaded from LMCache (None: no claim
-            to check); ``off_by_name`` says it in words (one token, one chunk, ...).
+        off_by: fresh claim - valid prefix when the engine looked up LMCache (None: no claim
+            to check): > 0 the engine claims tokens LMCache does not hold (never computed), < 0
+            it claims fewer than LMCache holds and served (a lost hit); ``off_by_name`` says it
+            in words (one token, one chunk, ...).
         off_by_original: the original claim - LMCache's prefix now (LMCache may hold more now
             than then, so only the fresh replay decides).
     """
@@ -143,7 +150,7 @@ class LayerDiff(_Model):
 
     ``max_abs_delta``: max |served - witness|; ``zero_share``: share of exact zeros in the served
     tensor; ``first_position``: absolute token position of the first differing element (None:
-    equal); ``plane``: "K" or "V" there.
+    equal); ``plane``: "K" or "V" there; ``planes``: every plane that differs in this layer.
     """
 
     layer: int
@@ -153,10 +160,15 @@ class LayerDiff(_Model):
     witness_checksum: str
     first_position: int | None = None
     plane: str | None = None
+    planes: list[str] = Field(default_factory=list)
 
 
 class ChunkDiff(_Model):
-    """Served vs witness KV of one chunk (tokens ``[start, end)``), layer by layer."""
+    """Served vs witness KV of one chunk (tokens ``[start, end)``), layer by layer.
+
+    ``same_as_chunk``: a differing chunk whose KV equals another chunk's witness KV (that
+    chunk's index: stale, or written at the wrong offset). ``bad_where``: :meth:`bad_layers`.
+    """
 
     chunk: int
     start: int
@@ -171,7 +183,24 @@ class ChunkDiff(_Model):
     witness_checksum: str
     first_bad_layer: int | None = None
     first_bad_position: int | None = None
+    same_as_chunk: int | None = None
+    bad_where: str = ""
     layers: list[LayerDiff] = Field(default_factory=list)
+
+    def bad_layers(self) -> str:
+        """``layer 2 K`` / ``layers 0-3 K+V`` / ``layers 1, 3 V``: where this chunk differs."""
+        bad = [x for x in self.layers if x.planes]
+        if not bad:
+            return ""
+        planes = sorted({p for x in bad for p in x.planes})
+        ids = [x.layer for x in bad]
+        if len(ids) == 1:
+            where = f"layer {ids[0]}"
+        elif ids == list(range(ids[0], ids[-1] + 1)):
+            where = f"layers {ids[0]}-{ids[-1]}"
+        else:
+            where = "layers " + ", ".join(str(i) for i in ids)
+        return f"{where} {'+'.join(planes)}"
 
 
 class KVContent(_Model):
@@ -194,6 +223,30 @@ class KVContent(_Model):
     first_bad_chunk: int | None = None
     first_bad_layer: int | None = None
     first_bad_position: int | None = None
+
+
+class EngineKV(_Model):
+    """The KV the engine attends over after the fresh replay's load (its own blocks, read through
+    the reference engine's ``/debug/kv``) against the witness KV, chunk by chunk, layer by layer,
+    K and V apart.
+
+    ``status``: ``compared`` or ``unavailable`` (``reason``: e.g. an engine without the route,
+    as vLLM, which offers no API that returns a request's KV blocks). ``loaded_start`` /
+    ``loaded_end``: the token range the engine reports it took from LMCache. ``bad_chunks``: chunks
+    in that range that differ; ``first_bad_chunk`` the first of them; ``computed_bad_chunks``: chunks
+    past it that differ (computed over the loaded KV).
+    """
+
+    status: Literal["compared", "unavailable"] = "unavailable"
+    reason: str | None = None
+    request_id: str | None = None
+    prompt_tokens: int | None = None
+    loaded_start: int | None = None
+    loaded_end: int | None = None
+    chunks: list[ChunkDiff] = Field(default_factory=list)
+    bad_chunks: list[int] = Field(default_factory=list)
+    computed_bad_chunks: list[int] = Field(default_factory=list)
+    first_bad_chunk: int | None = None
 
 
 class StoredEntry(_Model):
@@ -244,6 +297,7 @@ class RequestDiagnosis(_Model):
     divergence: Divergence | None = None
     length: LengthMask | None = None
     kv: KVContent = Field(default_factory=KVContent)
+    engine_kv: EngineKV = Field(default_factory=EngineKV)
     key: KeyIdentity = Field(default_factory=KeyIdentity)
     errors: list[str] = Field(default_factory=list)
     seconds: float = 0.0

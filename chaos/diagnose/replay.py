@@ -18,6 +18,9 @@ from chaos.diagnose.model import Replay
 from chaos.workload.client import SAMPLING
 
 TOP_K = 5
+#: cache_salt prefix of the bypass replays (their entries are deleted after each diagnosis and
+#: never listed as the run's).
+BYPASS_PREFIX = "kvchaos-diagnose-bypass-"
 
 
 def _token_id(label: str) -> int | None:
@@ -32,7 +35,7 @@ def _token_id(label: str) -> int | None:
 
 def bypass_salt() -> str:
     """A cache_salt nobody used (LMCache allows up to 128 chars, no ``@ / \\``)."""
-    return f"kvchaos-diagnose-bypass-{uuid.uuid4().hex[:12]}"
+    return f"{BYPASS_PREFIX}{uuid.uuid4().hex[:12]}"
 
 
 def replay(base_url: str, kind: str, prompt: list[int], max_tokens: int, *, cache_salt: str | None = None,

@@ -7,13 +7,20 @@ Rules, first match wins (each writes the lines that decided it):
    or the bypass replay reused tokens under a salt nobody used and the request failed isolation
    or its hit is not held under its own key (an engine that ignores cache_salt but failed for
    another reason goes on to the next rules, with the observation as a line).
-3. ``prefix_length``: the fresh replay claims more loaded prefix than LMCache holds (off by N).
+3. ``prefix_length``: the fresh replay claims more loaded prefix than LMCache holds (off by +N),
+   or, for a request that failed hit_quality or whose output is right, less than LMCache holds
+   and served (off by -N: a lost hit).
 4. ``kv_content``: a chunk inside the claimed prefix differs from the witness (zero, corrupt,
    stale), with its first bad layer and position.
+4b. ``kv_after_load``: LMCache's chunks equal the witness, but the KV the engine attends over
+   after the load (its own blocks, where the engine can show them) differs: named by layer, K or
+   V, and chunk, or as another chunk's KV (stale or wrong offset).
 5. ``kv_content`` (stale): the engine reported a failed load yet counted those tokens as loaded.
 6. ``kv_content`` (stale): the request was preempted, its replay without preemption is right,
    and LMCache's entries are right: it resumed on KV that was not its own.
-7. ``logits_sampling``: reproducible, and length, key and KV (compared) all right.
+7. ``logits_sampling``: reproducible, the bypass replay right, and length, key, LMCache's KV and
+   the engine's KV after the load (compared) all right. Where the engine cannot show its KV,
+   the verdict stays ``unknown`` and says so.
 8. ``unknown``: nothing above holds (the lines say what was seen).
 """
 
@@ -36,13 +43,38 @@ class Original:
 
 
 def off_by_name(n: int, chunk_size: int) -> str:
-    """``off by +1 token`` / ``off by +1 chunk (256 tokens)`` / ``off by +31 tokens``."""
-    if n == 1:
-        return "off by +1 token"
-    if chunk_size and n % chunk_size == 0:
-        k = n // chunk_size
-        return f"off by +{k} chunk{'s' if k > 1 else ''} ({n} tokens)"
-    return f"off by +{n} tokens"
+    """``off by +1 token`` / ``off by +1 chunk (256 tokens)`` / ``off by +31 tokens`` /
+    ``off by -1 token`` (negative: the claim is short of what LMCache holds)."""
+    sign, m = ("+", n) if n >= 0 else ("-", -n)
+    if m == 1:
+        return f"off by {sign}1 token"
+    if chunk_size and m and m % chunk_size == 0:
+        k = m // chunk_size
+        return f"off by {sign}{k} chunk{'s' if k > 1 else ''} ({m} tokens)"
+    return f"off by {sign}{m} tokens"
+
+
+def _engine_kv_kind(d: RequestDiagnosis) -> tuple[str, list[str]]:
+    """The kind (layer, K/V, chunk) and the evidence lines of a wrong engine KV after load."""
+    ekv = d.engine_kv
+    by = {c.chunk: c for c in ekv.chunks}
+    bad = ekv.bad_chunks or ekv.computed_bad_chunks
+    first = by[bad[0]]
+    lines = []
+    for i in bad:
+        c = by[i]
+        where = "loaded" if i in ekv.bad_chunks else "computed after the load"
+        text = (f"engine kv: chunk {c.chunk} (tokens {c.start}-{c.end - 1}, {where}) differs from the witness in "
+                f"{c.bad_layers()}: {c.kind}, max |delta| {c.max_abs_delta:.4g}, {c.zero_share:.0%} zeros "
+                f"(witness {c.witness_zero_share:.0%})")
+        if c.same_as_chunk is not None:
+            text += f"; it equals chunk {c.same_as_chunk}'s witness KV (stale or wrong offset)"
+        lines.append(text)
+    if first.same_as_chunk is not None:
+        kind = f"chunk {first.chunk} holds chunk {first.same_as_chunk}'s KV (stale or wrong offset)"
+    else:
+        kind = f"{first.bad_layers()}, chunk {first.chunk}"
+    return kind, lines
 
 
 def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
@@ -89,6 +121,21 @@ def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
         if kv.bad_chunks:
             ev.append(f"kv: chunks {kv.bad_chunks} differ from the witness too (stored after the wrong length)")
         return done("prefix_length", length.off_by_name)
+    if length and length.off_by is not None and length.off_by < 0:
+        line = (f"length: the fresh replay claims {length.fresh_local or 0} local + {length.fresh_external or 0} "
+                f"LMCache tokens of {length.prompt_tokens}, but LMCache holds {length.lmcache_prefix_tokens} tokens "
+                f"for this prefix: {length.off_by_name} (a claim short of the hit)")
+        ekv = d.engine_kv
+        if d.check == "hit_quality" or not original.output_wrong:
+            ev.append(line)
+            if ekv.status == "compared" and not ekv.bad_chunks and ekv.loaded_end is not None:
+                ev.append(f"engine kv: the tokens LMCache holds (0-{length.lmcache_prefix_tokens - 1}) hold the "
+                          "witness's KV in the engine's blocks: they were loaded, and the report leaves "
+                          f"{-length.off_by} of them out")
+            if not original.output_wrong:
+                ev.append("the output equals the twin's: the offset costs hits (and TTFT), not correctness")
+            return done("prefix_length", length.off_by_name)
+        d.evidence.append(line + "; not why the output is wrong")
     # 4. KV content from LMCache
     if kv.status == "compared" and kv.first_bad_chunk is not None:
         c = next(c for c in kv.chunks if c.chunk == kv.first_bad_chunk)
@@ -108,6 +155,24 @@ def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
                   "(max |delta| 0 within tolerance)")
     elif kv.status != "compared":
         ev.append(f"kv: not compared ({kv.reason})")
+    # 4b. the engine's own KV after the load
+    ekv = d.engine_kv
+    engine_right = ekv.status == "compared" and not ekv.bad_chunks and not ekv.computed_bad_chunks
+    if ekv.status == "compared" and (ekv.bad_chunks or ekv.computed_bad_chunks):
+        kind, lines = _engine_kv_kind(d)
+        ev.append(f"engine kv: the fresh replay's KV blocks after the load (tokens {ekv.loaded_start}-"
+                  f"{(ekv.loaded_end or 0) - 1} from LMCache) differ from the clean twin's KV"
+                  + (", while LMCache's copy equals it" if kv_right else ""))
+        ev.extend(lines)
+        if bypass and bypass.matches_expected:
+            ev.append("A/B: with LMCache bypassed the output is right: what the engine put into its blocks after "
+                      "the load is wrong")
+        return done("kv_after_load", kind)
+    if engine_right:
+        ev.append(f"engine kv: the {len(ekv.chunks)} chunk(s) of KV the engine attends over after the load "
+                  "equal the witness")
+    elif ekv.reason:
+        ev.append(f"engine kv: not compared ({ekv.reason})")
     # 5. a failed load trusted
     if original.load_failed > 0 and original.external >= original.load_failed:
         ev.append(f"history: the engine reported {original.load_failed} tokens failed to load and still counted "
@@ -123,9 +188,17 @@ def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
                   + ": it resumed on KV that was not its own (stale blocks)")
         return done("kv_content", "stale")
     # 7. logits / sampling
-    if ab.outcome == "reproducible" and kv_right and (length is None or not length.off_by or length.off_by <= 0):
-        ev.append("A/B: the fresh replay is wrong too, with the right prefix length and KV equal to the witness")
+    length_right = length is None or not length.off_by
+    bypass_right = bool(bypass and bypass.error is None and bypass.matches_expected)
+    if ab.outcome == "reproducible" and kv_right and length_right and bypass_right and engine_right:
+        ev.append("A/B: the fresh replay is wrong too, with the right prefix length, the bypass replay right, and "
+                  "both LMCache's KV and the engine's KV after the load equal to the witness")
         return done("logits_sampling")
+    if ab.outcome == "reproducible" and kv_right and length_right and bypass_right:
+        ev.append("A/B: the fresh replay is wrong and the bypass replay right, with the right prefix length and "
+                  "LMCache's KV equal to the witness: the engine's use of the loaded KV is at fault (its blocks "
+                  "after the load, or how it attends over them); which one cannot be told without the engine's KV")
+        return done("unknown", "engine side after load (engine KV not visible)")
     if ab.outcome == "transient":
         ev.append("A/B: the fresh replay is right (transient: what broke the request has passed)")
     elif ab.outcome == "reproducible":

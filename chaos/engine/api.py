@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -104,6 +104,35 @@ def create_app(core: EngineCore) -> FastAPI:
         @app.get("/debug/state")
         async def debug_state() -> JSONResponse:
             return JSONResponse(await run_in_threadpool(core.debug_state))
+
+        @app.post("/debug/kv/{request_id}")
+        async def debug_kv_arm(request_id: str) -> JSONResponse:
+            """Arm a capture of the prompt KV of the request ``request_id`` (send it after)."""
+            core.arm_kv_capture(request_id)
+            return JSONResponse({"request_id": request_id, "armed": True})
+
+        @app.get("/debug/kv/{request_id}")
+        async def debug_kv(request_id: str) -> Any:
+            """The KV the request attends over after its prefill (loaded, then computed): raw
+            little-endian bytes of ``[2, num_layers, prompt_tokens, num_kv_heads * head_size]``
+            (K then V); headers ``X-KV-Shape`` (comma-separated), ``X-KV-Dtype``,
+            ``X-KV-Local-Hit-Tokens``, ``X-KV-External-Hit-Tokens``. 404 not armed, 409 armed
+            and its prefill has not ended."""
+            armed, cap = core.kv_capture(request_id)
+            if not armed:
+                return JSONResponse(error_body(f"no KV capture armed for {request_id!r}", 404, "NotFoundError"),
+                                    status_code=404)
+            if cap is None:
+                return JSONResponse(error_body(f"{request_id!r} has not finished its prefill", 409,
+                                               "ConflictError"), status_code=409)
+            import torch
+
+            kv = cap["kv"].contiguous()
+            raw = kv.view(torch.int16) if kv.dtype == torch.bfloat16 else kv  # numpy has no bfloat16
+            return Response(raw.numpy().tobytes(), media_type="application/octet-stream", headers={
+                "X-KV-Shape": ",".join(str(n) for n in kv.shape), "X-KV-Dtype": str(kv.dtype).removeprefix("torch."),
+                "X-KV-Local-Hit-Tokens": str(cap["local_hit_tokens"]),
+                "X-KV-External-Hit-Tokens": str(cap["external_hit_tokens"])})
 
     @app.get("/debug/requests/{request_id}")
     async def debug_request(request_id: str, wait_for: str | None = None,

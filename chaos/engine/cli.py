@@ -26,6 +26,33 @@ def bugs_from_environment() -> list[str]:
     return [b for b in raw.replace(",", " ").split() if b]
 
 
+TEST_PATCH_ENV = "KVCHAOS_ENGINE_TEST_PATCH"
+
+
+def apply_test_patch(core: object) -> str | None:
+    """Tests only: ``KVCHAOS_ENGINE_TEST_PATCH=/path/file.py`` runs that file's
+    ``install(core)`` on the engine before it starts (bug classes the zoo does not plant, which
+    only a test enables; tests/diagnose/load_path_bugs.py). Returns the path, None when unset.
+
+    Raises:
+        RuntimeError: the file cannot be loaded or has no ``install``.
+    """
+    import importlib.util
+
+    path = os.environ.get(TEST_PATCH_ENV, "").strip()
+    if not path:
+        return None
+    spec = importlib.util.spec_from_file_location("kvchaos_engine_test_patch", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"{TEST_PATCH_ENV}={path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "install"):
+        raise RuntimeError(f"{TEST_PATCH_ENV}={path}: no install(core)")
+    module.install(core)
+    return path
+
+
 @app.callback()
 def _main() -> None:
     """Reference engine commands."""
@@ -100,6 +127,9 @@ def serve(
         typer.echo(f"kvchaos engine: {exc}", err=True)
         raise typer.Exit(2) from None
     core = EngineCore(config)
+    patched = apply_test_patch(core)
+    if patched:
+        logging.getLogger("kvchaos.engine").warning("test patch %s installed", patched)
     core.start()
     logging.getLogger("kvchaos.engine").info(
         "engine %s fingerprint=%s bugs=%s listening on %s:%d", served_model_name,

@@ -103,6 +103,9 @@ class EngineCore:
         self.started_at = time.time()
         #: Blocks the planted ``hold-blocks-on-abort`` bug never freed.
         self.held_blocks = 0
+        # ``/debug/kv``: request id -> None while armed, then the captured prompt KV.
+        self._kv_captures: collections.OrderedDict[str, dict[str, Any] | None] = collections.OrderedDict()
+        self._kv_lock = threading.Lock()
 
     # ---- thread-safe entry points -----------------------------------------------------
     @property
@@ -588,6 +591,7 @@ class EngineCore:
             self._register_prefix(req)
             if end < n_prompt:
                 return True
+            self._capture_kv(req)
             self._store(req)
             self._emit_next(req, logits)
             return True
@@ -599,6 +603,48 @@ class EngineCore:
         req.num_computed = pos + 1
         self._emit_next(req, logits)
         return True
+
+    # ---- /debug/kv: the KV a request attends over -------------------------------------
+    KV_CAPTURES_KEPT = 8
+
+    def arm_kv_capture(self, request_id: str) -> None:
+        """Capture the prompt KV of ``request_id`` once its prefill ends (any thread; send the
+        request after this returns). At most :attr:`KV_CAPTURES_KEPT` are kept (oldest dropped)."""
+        with self._kv_lock:
+            self._kv_captures[request_id] = None
+            while len(self._kv_captures) > self.KV_CAPTURES_KEPT:
+                self._kv_captures.popitem(last=False)
+
+    def kv_capture(self, request_id: str) -> tuple[bool, dict[str, Any] | None]:
+        """``(armed, capture)``: the captured prompt KV of ``request_id`` (popped once taken),
+        None while its prefill has not ended. A capture holds ``kv`` (``[2, num_layers,
+        prompt_tokens, num_kv_heads * head_size]``, K then V, the pool's dtype), ``local_hit_tokens``
+        and ``external_hit_tokens`` (what the engine reports)."""
+        with self._kv_lock:
+            if request_id not in self._kv_captures:
+                return False, None
+            cap = self._kv_captures[request_id]
+            if cap is not None:
+                del self._kv_captures[request_id]
+            return True, cap
+
+    def _capture_kv(self, req: Request) -> None:
+        """At the end of the prefill: copy the KV of every prompt position from the request's
+        blocks (what its decode attends over: loaded, then computed), if armed."""
+        with self._kv_lock:
+            if req.request_id not in self._kv_captures or self._kv_captures[req.request_id] is not None:
+                return
+        bs = self.config.block_size
+        pos = torch.arange(len(req.prompt))
+        table = torch.tensor(req.block_table, dtype=torch.long)
+        slots = table[pos // bs] * bs + pos % bs
+        layers = [self.pool.layer_flat(i)[:, slots].reshape(2, len(req.prompt), -1)
+                  for i in range(len(self.pool.layers))]
+        cap = {"kv": torch.stack(layers, dim=1).clone(), "local_hit_tokens": req.local_hit_tokens,
+               "external_hit_tokens": req.external_hit_tokens}
+        with self._kv_lock:
+            if req.request_id in self._kv_captures:
+                self._kv_captures[req.request_id] = cap
 
     def _ensure_block(self, req: Request, pos: int) -> bool:
         """Make sure position ``pos`` has a block, preempting the newest requests if needed.

@@ -99,10 +99,11 @@ def pool(tmp_path_factory):
     p.close()
 
 
-def _run(pool: StackPool, tmp_path: Path, bug: str, extra_variables: dict[str, str] | None = None):
-    path = tmp_path / f"diagnose-{bug}.yaml"
-    path.write_text(f"name: diagnose-{bug}\nstack: {STACK}\nseed: 5\nengine: {{bugs: [{bug}]}}\n"
-                    + SCENARIOS[bug])
+def _run(pool: StackPool, tmp_path: Path, bug: str, extra_variables: dict[str, str] | None = None,
+         body: str | None = None):
+    path = tmp_path / "diagnose-scenario.yaml"
+    bugs = f"engine: {{bugs: [{bug}]}}\n" if body is None else ""
+    path.write_text(f"name: diagnose-case\nstack: {STACK}\nseed: 5\n{bugs}" + (body or SCENARIOS[bug]))
     (scenario,) = load_and_validate([path])
     stack = pool.acquire(STACK, {**scenario.stack_variables(), **(extra_variables or {})})
     run_dir = tmp_path / "run"
@@ -147,3 +148,61 @@ def test_kv_content_through_lmcache_alone_without_engine_debug_routes(pool: Stac
     bad = next(c for c in kv["chunks"] if c["chunk"] == kv["first_bad_chunk"])
     assert bad["served_checksum"] != bad["witness_checksum"] and bad["first_bad_layer"] == 0
     assert [layer["layer"] for layer in bad["layers"]] == list(range(stack.settings.kv_layout.num_layers))
+    # the engine's own KV after the load cannot be seen, and the diagnosis says so plainly
+    assert first["engine_kv"]["status"] == "unavailable" and "cannot be compared" in first["engine_kv"]["reason"]
+
+
+# Held-back classes (never planted by the zoo): bugs of the engine's load path after a correct
+# retrieve, planted by tests/diagnose/load_path_bugs.py through KVCHAOS_ENGINE_TEST_PATCH.
+LOAD_BUGS = Path(__file__).with_name("load_path_bugs.py")
+TWO_CHUNKS = """
+workload: {families: 1, prefix_tokens: [600], suffix_tokens: 4, requests: 2, concurrency: 1, max_tokens: 8}
+phases: [{name: p}]
+checks: {recompute_equivalence: {}}
+"""
+THREE_CHUNKS = TWO_CHUNKS.replace("[600]", "[800]")
+HIT_QUALITY = """
+workload: {families: 1, prefix_tokens: [600], suffix_tokens: 4, requests: 2, concurrency: 1, max_tokens: 8}
+phases: [{name: p}]
+checks: {recompute_equivalence: {}, hit_quality: {phases: [p], stored_prefix_full_hit: true, min_requests: 1}}
+"""
+
+#: bug spec -> (scenario body, verdict, kind)
+HELD_BACK = {
+    "zero:layer=1:plane=V": (TWO_CHUNKS, "kv_after_load", "layer 1 V, chunk 0"),
+    "zero:layer=3:plane=K": (TWO_CHUNKS, "kv_after_load", "layer 3 K, chunk 0"),
+    "previous-chunk": (TWO_CHUNKS, "kv_after_load", "chunk 1 holds chunk 0's KV (stale or wrong offset)"),
+    "previous-chunk:chunk=2": (THREE_CHUNKS, "kv_after_load", "chunk 2 holds chunk 1's KV (stale or wrong offset)"),
+    "report-one-less": (HIT_QUALITY, "prefix_length", "off by -1 token"),
+}
+
+
+@pytest.mark.parametrize("bug", list(HELD_BACK))
+def test_held_back_load_path_bugs_are_named(pool: StackPool, tmp_path: Path, monkeypatch, bug: str) -> None:
+    """LMCache's copy is right and the bypass replay is right: the verdict names what the engine
+    did to the loaded KV (layer, K or V, chunk, or the chunk whose KV it holds), never
+    logits/sampling; a claim one token short of the hit is a negative offset."""
+    import os
+
+    from chaos.diagnose.lmcache import server_info
+    from chaos.diagnose.replay import BYPASS_PREFIX
+
+    monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
+    body, verdict, kind = HELD_BACK[bug]
+    stack, diag = _run(pool, tmp_path, bug, {"KVCHAOS_ENGINE_TEST_PATCH": str(LOAD_BUGS),
+                                             "KVCHAOS_TEST_LOAD_BUG": bug}, body=body)
+    first = diag["requests"][0]
+    assert (first["verdict"], first["kind"]) == (verdict, kind), (first["evidence"], first["errors"])
+    assert first["ab"]["bypass"]["matches_expected"] is True
+    assert not any("bypass" in e or "DELETE" in e for e in first["errors"]), first["errors"]
+    if verdict == "kv_after_load":
+        assert first["title"].startswith("KV content wrong after load (engine side)")
+        assert first["kv"]["status"] == "compared" and first["kv"]["bad_chunks"] == []  # LMCache's copy is right
+        assert first["engine_kv"]["status"] == "compared" and first["engine_kv"]["bad_chunks"]
+    else:
+        assert first["check"] == "hit_quality" and first["length"]["off_by"] == -1
+    # the bypass replay's entries are gone and never listed as the run's
+    assert not [s for s in first["key"]["lookups"] if s.startswith(BYPASS_PREFIX)]
+    info = server_info(stack.settings.lmcache_http)
+    assert info.fs_paths
+    assert not [n for base in info.fs_paths for n in os.listdir(base) if BYPASS_PREFIX in n]

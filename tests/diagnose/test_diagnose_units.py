@@ -11,9 +11,9 @@ import torch
 
 from chaos.checks.result import CheckResult
 from chaos.diagnose.diagnose import failing_requests
-from chaos.diagnose.kvdiff import compare_chunk
-from chaos.diagnose.model import (ABIsolation, ChunkDiff, Diagnosis, KeyIdentity, KVContent, LengthMask, Replay,
-                                  RequestDiagnosis)
+from chaos.diagnose.kvdiff import compare_chunk, compare_engine_kv
+from chaos.diagnose.model import (ABIsolation, ChunkDiff, Diagnosis, EngineKV, KeyIdentity, KVContent, LengthMask,
+                                  Replay, RequestDiagnosis)
 from chaos.diagnose.verdict import Original, decide, off_by_name
 
 
@@ -63,7 +63,8 @@ def test_tolerance_is_relative_to_the_witness_magnitude() -> None:
 
 
 @pytest.mark.parametrize("n,name", [(1, "off by +1 token"), (256, "off by +1 chunk (256 tokens)"),
-                                    (512, "off by +2 chunks (512 tokens)"), (31, "off by +31 tokens")])
+                                    (512, "off by +2 chunks (512 tokens)"), (31, "off by +31 tokens"),
+                                    (-1, "off by -1 token"), (-256, "off by -1 chunk (256 tokens)")])
 def test_off_by_names(n: int, name: str) -> None:
     assert off_by_name(n, 256) == name
 
@@ -92,6 +93,93 @@ def _compared(bad: list[tuple[int, str, int]] = ()) -> KVContent:
     if bad:
         kv.first_bad_chunk, kv.kind, kv.first_bad_layer = bad[0][0], bad[0][1], bad[0][2]
     return kv
+
+
+def _witness(chunks: int = 3, layers: int = 4, chunk: int = 16, hidden: int = 8) -> torch.Tensor:
+    """Witness chunks ``[chunks, 2, layers, chunk, hidden]`` (random, never zero)."""
+    return torch.randn(chunks, 2, layers, chunk, hidden, generator=torch.Generator().manual_seed(3)) + 5.0
+
+
+def _flat(witness: torch.Tensor, extra: int = 5) -> torch.Tensor:
+    """The engine's prompt KV ``[2, layers, tokens, hidden]`` holding the witness chunks, plus
+    ``extra`` computed tokens past the last full chunk."""
+    kv = torch.cat(list(witness), dim=2)
+    return torch.cat([kv, torch.randn(2, kv.shape[1], extra, kv.shape[3])], dim=2)
+
+
+def _engine(witness: torch.Tensor, kv: torch.Tensor | None = None, loaded: tuple[int, int] = (0, 32)) -> EngineKV:
+    kv = _flat(witness) if kv is None else kv
+    chunks, bad, after = compare_engine_kv(kv, witness, chunk_size=witness.shape[3], loaded=loaded,
+                                           hashes=["h"] * witness.shape[0])
+    return EngineKV(status="compared", loaded_start=loaded[0], loaded_end=loaded[1], chunks=chunks, bad_chunks=bad,
+                    computed_bad_chunks=after, first_bad_chunk=bad[0] if bad else None)
+
+
+def _after_load(engine_kv: EngineKV, **kw) -> RequestDiagnosis:
+    ab = ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 32), bypass=_replay("bypass", True))
+    return decide(_diag(ab=ab, kv=_compared(), engine_kv=engine_kv, **kw), Original(external=32))
+
+
+@pytest.mark.parametrize("layer,plane", [(2, "K"), (0, "V"), (3, "V"), (1, "K")])
+def test_a_layer_zeroed_after_the_load_is_named_by_layer_plane_and_chunk(layer: int, plane: str) -> None:
+    """Held-back class: a correct retrieve, then one layer's K (or V) of the loaded tokens zeroed
+    in the engine's blocks; LMCache's copy is right. Never logits/sampling."""
+    w = _witness()
+    kv = _flat(w)
+    kv[{"K": 0, "V": 1}[plane], layer, :32] = 0  # chunks 0 and 1 were loaded
+    d = _after_load(_engine(w, kv))
+    assert d.verdict == "kv_after_load", d.evidence
+    assert d.kind == f"layer {layer} {plane}, chunk 0"
+    assert d.title.startswith("KV content wrong after load (engine side)")
+    assert d.engine_kv.bad_chunks == [0, 1] and d.engine_kv.chunks[0].kind == "zero"
+    assert any("LMCache's copy equals it" in e for e in d.evidence)
+
+
+@pytest.mark.parametrize("target", [1, 2])
+def test_a_chunk_filled_with_the_previous_chunks_kv_is_named_as_that_chunks(target: int) -> None:
+    w = _witness()
+    kv = _flat(w)
+    kv[:, :, target * 16:(target + 1) * 16] = w[target - 1]
+    d = _after_load(_engine(w, kv, loaded=(0, 48)))
+    assert d.verdict == "kv_after_load"
+    assert d.kind == f"chunk {target} holds chunk {target - 1}'s KV (stale or wrong offset)"
+    assert d.engine_kv.chunks[target].same_as_chunk == target - 1
+
+
+def test_logits_sampling_only_when_the_engine_kv_is_seen_right() -> None:
+    w = _witness()
+    assert _after_load(_engine(w)).verdict == "logits_sampling"
+    blind = _after_load(EngineKV(reason="the engine shows no KV blocks (no /debug/kv route: vLLM ...)"))
+    assert blind.verdict == "unknown" and "engine KV not visible" in blind.kind
+    assert any("vLLM" in e for e in blind.evidence)
+    ab = ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 32), bypass=_replay("bypass", True))
+    ab.bypass.error = "HTTP 500"
+    assert decide(_diag(ab=ab, kv=_compared(), engine_kv=_engine(w)), Original(external=32)).verdict != \
+        "logits_sampling"
+
+
+def test_a_claim_short_of_what_lmcache_holds_is_a_negative_offset_for_hit_quality() -> None:
+    length = LengthMask(prompt_tokens=600, chunk_size=256, fresh_local=0, fresh_external=511,
+                        lmcache_prefix_tokens=512, valid_prefix=512, off_by=-1, off_by_name="off by -1 token")
+    ab = ABIsolation(outcome="transient", fresh=_replay("fresh", True, 511), bypass=_replay("bypass", True))
+    d = decide(RequestDiagnosis(request_id="r", check="hit_quality", ab=ab, length=length, kv=_compared()),
+               Original(external=511, output_wrong=False))
+    assert (d.verdict, d.kind) == ("prefix_length", "off by -1 token"), d.evidence
+    assert "short of the hit" in d.evidence[0]
+    # a wrong output is not explained by a short claim: the next rules decide
+    d = decide(_diag(ab=ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 511),
+                                    bypass=_replay("bypass", True)), length=length, kv=_compared([(0, "zero", 0)])),
+               Original(external=511))
+    assert d.verdict == "kv_content"
+
+
+def test_failing_requests_include_hit_quality_misses() -> None:
+    hq = CheckResult(name="hit_quality", verdict="failed", summary="x", details={"phases": {
+        "p": {"verdict": "failed", "stored_prefix_misses": [
+            {"request_id": "q", "stored_prefix_tokens": 512, "lmcache_tokens": 511, "local_tokens": 0}]},
+        "o": {"verdict": "passed", "stored_prefix_misses": [{"request_id": "z"}]}}})
+    got = failing_requests([hq])
+    assert [(r, c) for r, c, _ in got] == [("q", "hit_quality")] and "511 from LMCache" in got[0][2]
 
 
 def test_verdict_engine_side_when_the_bypass_is_wrong_too() -> None:
@@ -142,7 +230,8 @@ def test_verdict_preempted_request_is_stale_kv_only_when_transient() -> None:
     ab = ABIsolation(outcome="transient", fresh=_replay("fresh", True), bypass=_replay("bypass", True))
     assert decide(_diag(ab=ab, kv=_compared()), Original(preemptions=2)).kind == "stale"
     ab = ABIsolation(outcome="reproducible", fresh=_replay("fresh", False), bypass=_replay("bypass", True))
-    assert decide(_diag(ab=ab, kv=_compared()), Original(preemptions=2)).verdict == "logits_sampling"
+    assert decide(_diag(ab=ab, kv=_compared(), engine_kv=_engine(_witness())),
+                  Original(preemptions=2)).verdict == "logits_sampling"
 
 
 def test_verdict_unknown_says_what_was_seen() -> None:
@@ -185,6 +274,7 @@ def test_report_shows_a_why_section(tmp_path: Path) -> None:
     (tmp_path / "diagnosis.json").write_text(Diagnosis(run_id="r1", requests=[d]).model_dump_json())
     html = write_report(tmp_path, result, []).read_text()
     assert 'id="why"' in html and "KV content wrong: stale" in html and "first bad layer 2" in html
+    assert "request cache_salt (none)" in html and "cache_salt <code></code>" not in html
     json.loads((tmp_path / "diagnosis.json").read_text())
 
 
@@ -235,3 +325,56 @@ def test_report_renders_a_non_finite_kv_delta(tmp_path: Path) -> None:
     assert Diagnosis.model_validate(raw).requests[0].kv.chunks[0].max_abs_delta == float("inf")
     html = write_report(tmp_path, build_result(run_id="r1", scenario="s", history=[], checks=[]), []).read_text()
     assert "Infinity" in html
+
+
+def test_the_budget_bounds_the_whole_diagnosis_when_the_engine_never_answers() -> None:
+    """``--budget 300`` ran 450 s: the budget only gated starting a request. An engine (and twin)
+    that accepts connections and never answers: the diagnosis ends within the budget (plus the
+    last call's short floor), saying which steps it skipped."""
+    import socket
+    import time
+
+    from chaos.diagnose.diagnose import DiagnoseOptions, diagnose_failures
+    from chaos.stack.spec import KvchaosSettings, KvLayout
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    try:
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        ops = [{"index": 0, "time": 0.0, "process": "c", "type": "invoke", "f": "complete", "phase": "p",
+                "request_id": rid, "fault_id": None,
+                "value": {"prompt_token_ids": [1, 2, 3], "prompt_len": 3, "cache_salt": None, "max_tokens": 2}}
+               for rid in ("a", "b")]
+        ops += [{"index": 2 + i, "time": 1.0, "process": "c", "type": "ok", "f": "complete", "phase": "p",
+                 "request_id": rid, "fault_id": None,
+                 "value": {"type": "ok", "token_ids": [5, 6], "prompt_len": 3, "finish_reason": "length"}}
+                for i, rid in enumerate(("a", "b"))]
+        checks = [CheckResult(name="recompute_equivalence", verdict="failed", summary="x",
+                              details={"mismatches": [{"request_id": "a"}, {"request_id": "b"}]})]
+        t0 = time.monotonic()
+        diag = diagnose_failures(ops, {"a": [7, 8], "b": [7, 8]}, checks,
+                                 KvchaosSettings(engine_url=url, recompute_url=url,
+                                                 kv_layout=KvLayout(num_layers=4, hidden_dim=256)),
+                                 options=DiagnoseOptions(limit=2, budget_s=2.0))
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert took < 3.5, took
+    assert any("time budget spent before" in e for e in diag.requests[0].errors)
+    assert [s.reason for s in diag.skipped] == ["time budget of 2s spent"]
+
+
+def test_lmcache_client_logs_stay_quiet_and_the_environment_is_restored() -> None:
+    """Dozens of LMCache INFO lines preceded the verdicts: importing the client (its device
+    detection logs at import) and using it print none, and LMCACHE_LOG_LEVEL is left as found."""
+    import subprocess
+    import sys
+
+    code = ("import os; from chaos.diagnose.lmcache import quiet_lmcache, chunk_hashes; quiet_lmcache(); "
+            "chunk_hashes(list(range(600)), 256); import logging; "
+            "logging.getLogger('lmcache.v1.multiprocess.token_hasher').info('x'); "
+            "print(repr(os.environ.get('LMCACHE_LOG_LEVEL')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "INFO" not in r.stderr and r.stdout.strip() == "None"

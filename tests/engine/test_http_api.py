@@ -214,3 +214,30 @@ def test_request_stages_and_where_an_abort_landed(twin: Engine) -> None:
     got = twin.client.get("/debug/requests/none-yet", params={"wait_for": "load", "timeout_s": 0.2})
     last = json.loads(got.text.strip().splitlines()[-1])
     assert last["reached"] is False and last["stage"] is None
+
+
+def test_debug_kv_shows_the_prompt_kv_a_request_attends_over(twin: Engine) -> None:
+    """``/debug/kv`` (issue 34): the prompt KV from the request's own blocks, once, after its
+    prefill. A longer prompt's first canonical segment (256 tokens, computed alike) holds the
+    same KV bit for bit."""
+    import torch
+
+    def capture(rid: str, prompt: list[int]) -> torch.Tensor:
+        assert twin.client.post(f"/debug/kv/{rid}").status_code == 200
+        r = twin.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2},
+                             headers={"X-Request-Id": rid})
+        assert r.status_code == 200, r.text
+        got = twin.client.get(f"/debug/kv/{rid}")
+        assert got.status_code == 200, got.text
+        shape = [int(x) for x in got.headers["x-kv-shape"].split(",")]
+        assert got.headers["x-kv-dtype"] == "float32" and got.headers["x-kv-external-hit-tokens"] == "0"
+        assert twin.client.get(f"/debug/kv/{rid}").status_code == 404  # answered once
+        return torch.frombuffer(bytearray(got.content), dtype=torch.float32).reshape(shape)
+
+    p = random_prompt("debug-kv:1", 256)
+    short = capture("kv-short", p)
+    long = capture("kv-long", p + random_prompt("debug-kv:2", 20))
+    assert short.shape[0] == 2 and short.shape[2] == 256 and long.shape[2] == 276
+    assert torch.equal(long[:, :, :256], short) and bool((short[0, 0] != 0).any())
+    assert not torch.equal(long[:, :, 256:], torch.zeros_like(long[:, :, 256:]))
+    assert twin.client.get("/debug/kv/never-armed").status_code == 404
