@@ -295,7 +295,10 @@ class _Campaign:
             elif "index" in msg:
                 self._result(w, msg)
                 if stopping is None and not w.proc.stdin.closed:
-                    self._dispatch(w)
+                    if msg["result"].interrupted is None:
+                        self._dispatch(w)
+                    else:  # a signal sent to the worker alone: it stops; another takes its place
+                        w.proc.stdin.close()
 
     def _result(self, w: _Worker, msg: dict) -> None:
         i = msg["index"]
