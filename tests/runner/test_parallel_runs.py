@@ -28,7 +28,7 @@ import pytest
 from chaos.campaign import default_jobs, parse_jobs
 from chaos.journal import all_journals, open_entries
 from chaos.procid import identity, same_process
-from kvchaos_support import communicate_or_dump
+from kvchaos_support import communicate_or_dump, default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -201,6 +201,40 @@ def test_sigterm_mid_run_reports_interrupted_exits_143_and_leaves_nothing(tmp_pa
         assert [op["fault_id"] for op in history if op["f"] == "heal" and op["type"] == "ok"] == ["slow-link"]
     assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
     assert not any(open_entries(j) for j in all_journals(tmp_path / "state" / "journal"))
+
+
+@pytest.mark.slow
+def test_sigint_to_the_group_while_the_stacks_start_reports_interrupted_and_leaves_nothing(tmp_path):
+    """A terminal's Ctrl-C as the workers' stacks come up (their first process journalled)."""
+    files = [_holding(tmp_path, n, "60s") for n in ("hold-a", "hold-b")]
+    env = _env(tmp_path)
+    reports = tmp_path / "reports"
+    journal = tmp_path / "state" / "journal"
+    p = _kvchaos(env, *files, "--jobs", "2", "--report-dir", reports, start_new_session=True,
+                 preexec_fn=default_sigint)  # a shell's background job ignores SIGINT
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # both workers have started a process of their stack
+            owners = {o.get("pid") for j in all_journals(journal) for o in _owners(j)
+                      if any(e["kind"] == "process" for e in open_entries(j))}
+            if len(owners) >= 2:
+                break
+            assert p.poll() is None, p.communicate()[0][-3000:]
+            time.sleep(0.05)
+        procs = _tree(p.pid)
+        os.killpg(p.pid, signal.SIGINT)
+        out = communicate_or_dump(p, 300, env["KVCHAOS_STATE_DIR"])
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out[-3000:]
+    suite = _suite(reports)
+    assert {r["scenario"]: r["verdict"] for r in suite["runs"]} == {"hold-a": "interrupted", "hold-b": "interrupted"}
+    assert suite["interrupted"]["signal"] == "SIGINT"
+    for r in suite["runs"]:
+        assert (reports / r["run_dir"] / "report.html").exists()
+    assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
+    assert not any(open_entries(j) for j in all_journals(journal))
 
 
 @pytest.mark.slow
