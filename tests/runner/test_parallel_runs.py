@@ -63,27 +63,39 @@ def _kvchaos(env, *args, **kw) -> subprocess.Popen:
 
 @pytest.mark.parametrize("args", [["--jobs", "0"], ["--jobs", "many"], [DATA / "no-such.yaml", "--jobs", "2"]],
                          ids=["zero", "words", "missing-file"])
-def test_bad_input_exits_2_with_nothing_started(tmp_path, args):
-    p = _kvchaos(_env(tmp_path), DATA / "hold-latency.yaml", *args, "--report-dir", tmp_path / "reports")
-    out = communicate_or_dump(p, 120)
-    assert p.returncode == 2, out
+def test_bad_input_exits_2_with_nothing_started(tmp_path, monkeypatch, args):
+    code, out = _run_in_process(tmp_path, monkeypatch, DATA / "hold-latency.yaml", *args)
+    assert code == 2, out
     assert "error:" in out
     assert not (tmp_path / "reports").exists()  # no run, no suite, no stack folder
     assert not list(all_journals(tmp_path / "state" / "journal"))  # nothing was started
 
 
-def test_a_bad_file_among_good_ones_exits_2_naming_its_line_with_jobs(tmp_path):
+def test_a_bad_file_among_good_ones_exits_2_naming_its_line_with_jobs(tmp_path, monkeypatch):
     bad = tmp_path / "bad.yaml"
     bad.write_text((DATA / "hold-latency.yaml").read_text().replace("stack: proxy-redis.yml",
                                                                     f"stack: {DATA / 'proxy-redis.yml'}")
                    .replace("duration: 4s", "duration: soon"))
-    p = _kvchaos(_env(tmp_path), DATA / "hold-latency.yaml", bad, "--jobs", "2",
-                 "--report-dir", tmp_path / "reports")
-    out = communicate_or_dump(p, 120)
-    assert p.returncode == 2, out
+    code, out = _run_in_process(tmp_path, monkeypatch, DATA / "hold-latency.yaml", bad, "--jobs", "2")
+    assert code == 2, out
     assert f"{bad}:" in out and "duration" in out, out
     assert not (tmp_path / "reports").exists()
     assert not list(all_journals(tmp_path / "state" / "journal"))
+
+
+def _run_in_process(tmp_path: Path, monkeypatch, *args) -> tuple[int, str]:
+    """`kvchaos run ARGS` in this process (typer's runner: stdout and stderr together)."""
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    monkeypatch.setenv("KVCHAOS_STATE_DIR", str(tmp_path / "state"))
+    for name in ("KVCHAOS_DIAGNOSE", "KVCHAOS_DIAGNOSE_BUDGET_S", "KVCHAOS_PROXY"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # the command may set them: restored after
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+    r = CliRunner().invoke(app, ["run", *map(str, args), "--report-dir", str(tmp_path / "reports")])
+    return r.exit_code, r.output
 
 
 def _results(reports: Path) -> dict[str, dict]:
@@ -235,6 +247,35 @@ def test_sigint_to_the_group_while_the_stacks_start_reports_interrupted_and_leav
         assert (reports / r["run_dir"] / "report.html").exists()
     assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
     assert not any(open_entries(j) for j in all_journals(journal))
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_parent_leaves_no_worker_and_no_stack_without_any_cleanup(tmp_path):
+    """The kernel's SIGTERM on the parent's death (PR_SET_PDEATHSIG): each worker heals, reports
+    ``interrupted`` and brings its stack down by itself; no `kvchaos cleanup` is run."""
+    files = [_holding(tmp_path, n, "120s") for n in ("hold-a", "hold-b")]
+    env = _env(tmp_path)
+    reports = tmp_path / "reports"
+    p = _kvchaos(env, *files, "--jobs", "2", "--report-dir", reports, start_new_session=True)
+    try:
+        _wait_until_applied(reports, ["hold-a", "hold-b"], p)
+        procs = _tree(p.pid)
+        workers = [psutil.Process(pid) for pid, _ in procs if pid != p.pid
+                   and "chaos.campaign" in " ".join(psutil.Process(pid).cmdline())]
+        assert len(workers) == 2
+        p.kill()
+        p.wait(30)
+        _, alive = psutil.wait_procs(workers, timeout=240)  # not our children: no exit code
+        assert not alive, [w.pid for w in alive]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    for run in reports.glob("hold-*/result.json"):
+        result = json.loads(run.read_text())
+        assert (result["verdict"], result["interrupted"]["signal"]) == ("interrupted", "SIGTERM"), result
+    assert len(list(reports.glob("hold-*/result.json"))) == 2
+    assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
+    assert not any(open_entries(j) for j in all_journals(tmp_path / "state" / "journal"))
 
 
 @pytest.mark.slow
