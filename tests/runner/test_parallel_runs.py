@@ -249,19 +249,31 @@ def test_sigint_to_the_group_while_the_stacks_start_reports_interrupted_and_leav
     assert not any(open_entries(j) for j in all_journals(journal))
 
 
+def _two_holding(tmp_path: Path, durations: tuple[str, str]) -> tuple[subprocess.Popen, Path, list]:
+    """`kvchaos run hold-a hold-b --jobs 2` (its own session), once both toxics are in place:
+    (the runner, its report folder, its process tree then, parent first)."""
+    files = [_holding(tmp_path, n, d) for n, d in zip(("hold-a", "hold-b"), durations)]
+    reports = tmp_path / "reports"
+    p = _kvchaos(_env(tmp_path), *files, "--jobs", "2", "--report-dir", reports, start_new_session=True)
+    try:
+        _wait_until_applied(reports, ["hold-a", "hold-b"], p)
+        return p, reports, _tree(p.pid)
+    except BaseException:
+        p.kill()
+        raise
+
+
+def _workers(procs: list[tuple[int, dict]]) -> list[psutil.Process]:
+    return [psutil.Process(pid) for pid, _ in procs[1:] if "chaos.campaign" in " ".join(psutil.Process(pid).cmdline())]
+
+
 @pytest.mark.slow
 def test_sigkill_of_the_parent_leaves_no_worker_and_no_stack_without_any_cleanup(tmp_path):
     """The kernel's SIGTERM on the parent's death (PR_SET_PDEATHSIG): each worker heals, reports
     ``interrupted`` and brings its stack down by itself; no `kvchaos cleanup` is run."""
-    files = [_holding(tmp_path, n, "120s") for n in ("hold-a", "hold-b")]
-    env = _env(tmp_path)
-    reports = tmp_path / "reports"
-    p = _kvchaos(env, *files, "--jobs", "2", "--report-dir", reports, start_new_session=True)
+    p, reports, procs = _two_holding(tmp_path, ("120s", "120s"))
     try:
-        _wait_until_applied(reports, ["hold-a", "hold-b"], p)
-        procs = _tree(p.pid)
-        workers = [psutil.Process(pid) for pid, _ in procs if pid != p.pid
-                   and "chaos.campaign" in " ".join(psutil.Process(pid).cmdline())]
+        workers = _workers(procs)
         assert len(workers) == 2
         p.kill()
         p.wait(30)
@@ -280,16 +292,12 @@ def test_sigkill_of_the_parent_leaves_no_worker_and_no_stack_without_any_cleanup
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_gives_its_scenario_an_infrastructure_error_and_the_others_go_on(tmp_path):
-    files = [_holding(tmp_path, "hold-a", "120s"), _holding(tmp_path, "hold-b", "15s")]
-    env = _env(tmp_path)
-    reports = tmp_path / "reports"
-    p = _kvchaos(env, *files, "--jobs", "2", "--report-dir", reports, start_new_session=True)
+    p, reports, procs = _two_holding(tmp_path, ("120s", "15s"))
+    env = {"KVCHAOS_STATE_DIR": str(tmp_path / "state")}
     try:
-        _wait_until_applied(reports, ["hold-a", "hold-b"], p)
-        procs = _tree(p.pid)
         run_a = next(reports.glob("hold-a-*"))
         # The worker running hold-a: the one whose stack's journal names hold-a's run.
-        workers = [c for c in psutil.Process(p.pid).children() if "chaos.campaign" in " ".join(c.cmdline())]
+        workers = _workers(procs)
         assert len(workers) == 2
         (victim,) = [w for w in workers
                      if any(run_a.name in j.name and any(o.get("pid") == w.pid for o in _owners(j))
