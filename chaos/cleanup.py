@@ -207,7 +207,8 @@ def _owner_key(owner: dict[str, Any]) -> tuple:
     return (owner.get("host"), owner.get("pid"), round(float(owner.get("create_time") or 0), 0))
 
 
-def cleanup(directory: Path | None = None, *, force: Iterable[str] = ()) -> CleanupReport:
+def cleanup(directory: Path | None = None, *, force: Iterable[str] = (),
+            only: Iterable[str] | None = None) -> CleanupReport:
     """Undo the open entries of every journal whose runner is gone; journals left empty are
     deleted.
 
@@ -216,6 +217,8 @@ def cleanup(directory: Path | None = None, *, force: Iterable[str] = ()) -> Clea
         force: run ids (journal names) to undo even though their runner still runs or they
             belong to a detached stack; forcing one journal of a live runner forces every
             journal of that runner (its faults and its stacks).
+        only: run ids: look at these journals only (a campaign undoing what one dead worker
+            left, not every dead run of the state directory).
 
     Returns:
         What was undone, what failed, and what was skipped (live runs, detached stacks), one
@@ -224,6 +227,9 @@ def cleanup(directory: Path | None = None, *, force: Iterable[str] = ()) -> Clea
     report = CleanupReport()
     journal_dir = Path(directory) if directory else state_dir() / "journal"
     journals = list(all_journals(journal_dir))
+    if only is not None:
+        wanted = set(only)
+        journals = [j for j in journals if j.stem in wanted]
     forced = set(force)
     known = {j.stem for j in journals}
     for rid in sorted(forced - known):

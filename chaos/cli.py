@@ -6,6 +6,7 @@ invalid, 3 infrastructure error (a stack did not start), 4 inconclusive.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -244,6 +245,9 @@ def run_cmd(
                                  help="diagnose the first N failing requests of each run (0: off)"),
     diagnose_budget: float = typer.Option(60.0, "--diagnose-budget", envvar="KVCHAOS_DIAGNOSE_BUDGET_S",
                                           help="seconds of diagnosis per run, at most"),
+    jobs: str = typer.Option("1", "--jobs", "-j", envvar="KVCHAOS_JOBS",
+                             help="scenarios run at once, each worker on stacks of its own: a number, "
+                                  "or auto (from cores and memory; README \"Parallel runs\")"),
 ) -> None:
     """Run chaos scenarios against their stacks and check the invariants.
 
@@ -258,7 +262,7 @@ def run_cmd(
             try:
                 _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack, proxy=proxy,
                      numerics=numerics, equivalence=equivalence, diagnose=diagnose,
-                     diagnose_budget=diagnose_budget)
+                     diagnose_budget=diagnose_budget, jobs=jobs)
             except interrupts.RunInterrupted as exc:
                 # Already reported by _run when the suite had started; the exit code says which.
                 if exc.suite_dir is None:
@@ -270,11 +274,19 @@ def run_cmd(
 
 def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool, report_dir: Path,
          bug: list[str] | None, timeout: float, stack: Path | None, *, proxy: str | None,
-         numerics: str | None, equivalence: str | None, diagnose: int, diagnose_budget: float) -> None:
+         numerics: str | None, equivalence: str | None, diagnose: int, diagnose_budget: float,
+         jobs: str = "1") -> None:
     from chaos import interrupts
+    from chaos.campaign import parse_jobs, run_campaign
     from chaos.report.suite import build_suite, print_suite, suite_exit_code
-    from chaos.runner.suite import SuiteOptions, load_and_validate, run_suite
+    from chaos.runner.suite import SuiteOptions, load_and_validate
     from chaos.scenario.loader import discover_scenarios
+
+    try:
+        workers = parse_jobs(jobs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID) from None
 
     if backend not in ("local", "compose"):
         print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
@@ -307,12 +319,14 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
                         engine_numerics=numerics, equivalence_mode=equivalence)
     stopped: interrupts.RunInterrupted | None = None
     try:
-        with console.status("starting") as status:
+        # Workers write their own lines to stderr: no status line redrawn over them.
+        with console.status("starting") if workers == 1 else contextlib.nullcontext() as status:
             def say(msg: str) -> None:
-                status.update(msg)
+                if status is not None:
+                    status.update(msg)
                 console.log(msg, highlight=False)
 
-            results, suite_dir = run_suite(loaded, opts, say)
+            results, suite_dir = run_campaign(loaded, opts, workers, say)
     except interrupts.RunInterrupted as exc:
         stopped = exc
         results, suite_dir = exc.results, exc.suite_dir

@@ -240,6 +240,25 @@ class StackPool:
         if disruptive or leaky or result.error:
             self._dirty.add(key)
 
+    def keep_only(self, stack_file: Path) -> list[Path]:
+        """Bring down every stack of the pool but ``stack_file``'s (unless ``keep``), so that a
+        campaign worker moving to another stack file holds one stack at a time (its memory is
+        what :func:`chaos.campaign.default_jobs` counts). Returns the stack files brought down.
+        Signals are held until it is done, as in :meth:`close`."""
+        if self.keep:
+            return []
+        key = Path(stack_file).resolve()
+        gone = [k for k in self._stacks if k != key]
+        with interrupts_deferred():
+            for k in gone:
+                stack = self._stacks.pop(k)
+                self._variables.pop(k, None)
+                self._used.discard(k)
+                self._dirty.discard(k)
+                stack.down()
+                stack.release_ports()
+        return gone
+
     def close(self) -> None:
         """Bring every stack down and drop its port claims (unless ``keep``). A second Ctrl-C or
         SIGTERM while this runs is held back until it is done: an impatient user must not leave

@@ -126,6 +126,85 @@ def _result_without_run(scenario: Scenario, run_id: str, run_dir: Path, *, histo
     return result
 
 
+def prepare_run(scenario: Scenario, opts: SuiteOptions) -> tuple[str, Path]:
+    """Apply the suite's overrides (seed, engine bugs, numerics, equivalence) to ``scenario``
+    in place and name its run.
+
+    Returns:
+        ``(run_id, run_dir)``: a new unique run id and ``opts.report_dir / run_id``.
+    """
+    if opts.seed is not None:
+        scenario.seed = opts.seed
+    override(scenario, bugs=opts.engine_bugs, numerics=opts.engine_numerics,
+             equivalence=opts.equivalence_mode)
+    run_id = new_run_id(opts.run_id_prefix + scenario.name)
+    return run_id, opts.report_dir / run_id
+
+
+def run_in_pool(scenario: Scenario, pool: StackPool, opts: SuiteOptions, run_id: str, run_dir: Path,
+                say: Callable[[str], None], box: dict, timeout_s: float | None = None) -> RunResult:
+    """Run one prepared scenario (:func:`prepare_run`) on its stack of ``pool`` (started,
+    restarted or reset by :meth:`StackPool.acquire`), tell the pool how it ended, and write its
+    ``result.json``. A stack that does not start gives an infrastructure-error result (exit 3,
+    report written).
+
+    Args:
+        box: the caller's record of the run under way; ``box["result"]`` is set as soon as
+            the runner returned, so that after a signal :func:`result_after_interrupt` finds it.
+        timeout_s: the run's deadline for its phases; None: ``opts.timeout_s``.
+
+    Returns:
+        the run's RunResult.
+
+    Raises:
+        RunInterrupted: SIGINT or SIGTERM meanwhile (the report is written, see run_scenario).
+    """
+    say(f"[{scenario.name}] preparing the stack")
+    t0 = time.monotonic()
+    try:
+        stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+    except (StackError, ConfigError) as exc:
+        box["result"] = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
+        return box["result"]
+    setup_s = time.monotonic() - t0
+    box["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id,
+                                 timeout_s=opts.timeout_s if timeout_s is None else timeout_s,
+                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
+    result = box["result"]
+    with interrupts.deferred():
+        pool.release(Path(scenario.stack), result)
+        result.durations.stack_up_s = setup_s
+        (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+    return result
+
+
+def result_after_interrupt(box: dict, stop: RunInterrupted) -> RunResult:
+    """The result of the run a signal stopped: the runner's own (its report says
+    ``interrupted``, or it had finished), else a new ``interrupted`` result with the history
+    the run had written (the signal came during the stack's start-up or reset).
+
+    Args:
+        box: ``{"scenario", "run_id", "run_dir", "result"}`` as :func:`run_in_pool` filled it.
+    """
+    return box["result"] or stop.result or interrupted_result(box["scenario"], box["run_id"], box["run_dir"], stop)
+
+
+def close_pool(pool: StackPool, say: Callable[[str], None], stop: RunInterrupted | None) -> RunInterrupted | None:
+    """Bring the pool's stacks down (unless it keeps them, ``--keep-stack``) in the stage
+    "teardown", with a second signal held until they are down.
+
+    Returns:
+        the signal that stopped the suite: ``stop``, else one that came during the teardown.
+    """
+    try:
+        with interrupts.stage("teardown"):
+            say("stopping stacks" if not pool.keep else "leaving stacks up (--keep-stack)")
+            pool.close()
+    except KeyboardInterrupt as exc:
+        stop = stop or interrupts.as_interrupt(exc)
+    return stop
+
+
 def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
               say: Callable[[str], None] = lambda _m: None) -> tuple[list[RunResult], Path]:
     """Run validated scenarios in order, reusing one stack per stack file.
@@ -149,45 +228,18 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
         current: dict | None = None  # the scenario under way, until its result is in `results`
         try:
             for scenario in scenarios:
-                if opts.seed is not None:
-                    scenario.seed = opts.seed
-                override(scenario, bugs=opts.engine_bugs, numerics=opts.engine_numerics,
-                         equivalence=opts.equivalence_mode)
-                run_id = new_run_id(opts.run_id_prefix + scenario.name)
-                run_dir = opts.report_dir / run_id
+                run_id, run_dir = prepare_run(scenario, opts)
                 current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "result": None}
-                say(f"[{scenario.name}] preparing the stack")
-                t0 = time.monotonic()
-                try:
-                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
-                except (StackError, ConfigError) as exc:
-                    results.append(infra_error_result(scenario, run_id, run_dir, f"stack: {exc}"))
-                    current = None
-                    continue
-                setup_s = time.monotonic() - t0
-                current["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
-                                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
-                result = current["result"]
-                with interrupts.deferred():
-                    pool.release(Path(scenario.stack), result)
-                    result.durations.stack_up_s = setup_s
-                    (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
-                    results.append(result)
-                    current = None
+                results.append(run_in_pool(scenario, pool, opts, run_id, run_dir, say, current))
+                current = None
         except KeyboardInterrupt as exc:
             stop = interrupts.as_interrupt(exc)
             if current is not None:
-                result = current["result"] or stop.result or interrupted_result(
-                    current["scenario"], current["run_id"], current["run_dir"], stop)
+                result = result_after_interrupt(current, stop)
                 if result not in results:
                     results.append(result)
         finally:
-            try:
-                with interrupts.stage("teardown"):
-                    say("stopping stacks" if not opts.keep_stack else "leaving stacks up (--keep-stack)")
-                    pool.close()
-            except KeyboardInterrupt as exc:
-                stop = stop or interrupts.as_interrupt(exc)
+            stop = close_pool(pool, say, stop)
             try:
                 with interrupts.deferred():
                     info = None if stop is None else InterruptInfo(

@@ -218,3 +218,19 @@ def test_cleanup_while_another_run_is_live_leaves_it_untouched_and_it_passes(tmp
     result = json.loads(next((tmp_path / "reports").glob("killpoint-*/result.json")).read_text())
     assert result["verdict"] == "passed" and result["service_exits"] == []
     assert list(all_journals(tmp_path / "state" / "journal")) == []
+
+
+def test_only_limits_cleanup_to_the_named_journals(tmp_path):
+    """A campaign undoing what one dead worker left must not undo another dead run's journal."""
+    mine, theirs = _sleeper(), _sleeper()
+    try:
+        _add_process(_journal_owned_by(tmp_path / "journal", "dead-worker", None), mine, "redis")
+        _add_process(_journal_owned_by(tmp_path / "journal", "other-dead-run", None), theirs, "engine")
+        rep = cleanup(tmp_path / "journal", force=["dead-worker"], only=["dead-worker"])
+        assert rep.undone == [f"ended process group {mine.pid} (redis)"], rep
+        assert mine.wait(10) is not None
+        assert theirs.poll() is None and (tmp_path / "journal" / "other-dead-run.jsonl").exists()
+    finally:
+        for p in (mine, theirs):
+            if p.poll() is None:
+                p.kill()
