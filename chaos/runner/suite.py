@@ -24,7 +24,7 @@ from chaos.report.model import InterruptInfo, RunResult
 from chaos.report.result import build_result
 from chaos.report.suite import write_suite
 from chaos.report.writer import write_report
-from chaos.runner.run import run_scenario
+from chaos.runner.run import AfterChecks, run_scenario
 from chaos.runner.stacks import StackPool
 from chaos.scenario.loader import check_scenario, override
 from chaos.scenario.model import Scenario
@@ -46,6 +46,8 @@ class SuiteOptions:
             the reference engine's non-batch-invariant mode).
         equivalence_mode: set every scenario's ``recompute_equivalence.mode`` (``tolerant``).
         timeout_s: per-scenario deadline for the phases.
+        after_checks: handed to every run (chaos/runner/run.py ``AfterChecks``; ``kvchaos run``
+            hands the diagnosis, chaos/diagnose/hook.py); None: nothing after the checks.
     """
 
     backend: str = "local"
@@ -58,6 +60,7 @@ class SuiteOptions:
     timeout_s: float | None = 600.0
     run_id_prefix: str = ""
     extra: dict = field(default_factory=dict)
+    after_checks: AfterChecks | None = None
 
 
 def load_and_validate(paths: list[Path], stack: Path | None = None, *,
@@ -166,7 +169,8 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
                     continue
                 setup_s = time.monotonic() - t0
                 current["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
-                                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
+                                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"),
+                                                 after_checks=opts.after_checks)
                 result = current["result"]
                 with interrupts.deferred():
                     pool.release(Path(scenario.stack), result)
