@@ -646,6 +646,8 @@ if __name__ == "__main__":  # python -m chaos.zoo
     typer.run(zoo)
 
 
+# ``kvchaos coverage run``: the zoo's clean row, measured by chaos/coverage.py (its command group
+# is wired in chaos/cli.py).
 def coverage_run(
     scenarios_dir: Path = typer.Option(Path("scenarios"), "--catalogue", help="folder of catalogue scenarios"),
     scenarios: list[str] = typer.Option(None, "--scenarios", "-s", help="only these scenarios (comma-separated)"),
@@ -655,8 +657,7 @@ def coverage_run(
     update: bool = typer.Option(False, "--update-docs", help="store the summary as docs/coverage.json "
                                 "and regenerate docs/coverage.md and docs/catalogue.md's map"),
 ) -> None:
-    """Run the catalogue against the clean engine with the engine under branch coverage
-    (``kvchaos coverage run``: the zoo's clean row, measured by chaos/coverage.py).
+    """Run the catalogue against the clean engine with the engine under branch coverage.
 
     Exit codes: 0 measured (whatever the verdicts; they are in OUT/matrix.md), 2 bad arguments
     or an invalid scenario file.
