@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup image demo test test-fast test-real-proxy test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz killpoints clean
+.PHONY: setup image demo test test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz killpoints clean
 
 setup:
 	bash scripts/setup.sh
@@ -33,25 +33,62 @@ image: setup
 demo: setup
 	$(KVCHAOS) run $(SUITE)
 
-## Every test: unit and integration (real LMCache, Redis, proxy, Docker), then the scenarios
-## with the bundled proxy, then with the real Toxiproxy (same verdicts, every fault bitten).
+## Every test: unit and integration (real LMCache, Redis, proxy, Docker) over TEST_JOBS
+## pytest-xdist workers (a test file stays on one worker, so module-scoped stacks are started
+## once), then the catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own
+## stacks) beside the network-fault scenarios with the real Toxiproxy, then their comparison and
+## the network suite under --backend compose. Each stage prints its wall time. The whole
+## real-proxy catalogue and the load reruns are in `make nightly`.
+TEST_JOBS ?= 3
+CHAOS_JOBS ?= 3
 test: setup image
-	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" tests
-	rm -rf reports/chaos-bundled
-	$(PYTEST_CHAOS) --kvchaos-proxy bundled --kvchaos-report-dir reports/chaos-bundled --junitxml=reports/junit-chaos.xml
-	$(MAKE) --no-print-directory test-real-proxy
+	@t0=$$(date +%s); 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" -n $(TEST_JOBS) --dist loadfile tests; 	rc=$$?; echo "stage non-chaos: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); 	$(MAKE) --no-print-directory -j2 --output-sync=recurse test-chaos-bundled test-real-network; 	rc=$$?; echo "stage catalogue (bundled) beside network suite (real Toxiproxy): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); 	$(MAKE) --no-print-directory test-real-compare; 	rc=$$?; echo "stage compare and compose network suite: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 
-## The catalogue with the real Toxiproxy (local backend), compared with the bundled run of
-## `make test`; and the network-fault scenarios under --backend compose with the real server
-## in a container built from the same binary.
-test-real-proxy:
-	@if [ -z "$(KVCHAOS_TOXIPROXY_BIN)" ]; then \
-	  if [ -n "$$CI" ]; then echo "error: no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)" >&2; exit 1; fi; \
-	  echo "test-real-proxy: SKIPPED, no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)"; exit 0; fi; \
-	set -e; rm -rf reports/chaos-real reports/compose-real; \
-	$(PYTEST_CHAOS) --kvchaos-proxy real --kvchaos-report-dir reports/chaos-real --junitxml=reports/junit-chaos-real.xml; \
-	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real --require-bitten; \
+## The catalogue with the bundled proxy (the first half of `make test`'s chaos stage).
+test-chaos-bundled: setup
+	rm -rf reports/chaos-bundled
+	$(PYTEST_CHAOS) -n $(CHAOS_JOBS) --kvchaos-proxy bundled --kvchaos-report-dir reports/chaos-bundled --junitxml=reports/junit-chaos.xml
+
+## The network-fault scenarios (pytest marker `network`: a fault on a proxied link) with the
+## real Toxiproxy (local backend).
+test-real-network: setup
+ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
+	@$(NO_TOXIPROXY)
+else
+	rm -rf reports/chaos-real
+	$(PYTEST_CHAOS) -m "chaos and network" --kvchaos-proxy real --kvchaos-report-dir reports/chaos-real --junitxml=reports/junit-chaos-real.xml
+endif
+
+## The real Toxiproxy's verdicts held against the bundled run's, every fault bitten; then the
+## network suite under --backend compose with the real server in a container built from the
+## same binary.
+test-real-compare: setup
+ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
+	@$(NO_TOXIPROXY)
+else
+	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real --require-bitten --subset
+	rm -rf reports/compose-real
 	$(KVCHAOS) run --backend compose --proxy real --report-dir reports/compose-real $(NETWORK_SUITE)
+endif
+
+## Nightly: the whole catalogue with the real Toxiproxy, compared with the bundled run scenario
+## by scenario; then `make test-loaded` (the test suite and three catalogue runs under 4 busy
+## loops). Runs `make test` first for the bundled reports it compares with.
+nightly: test
+ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
+	@$(NO_TOXIPROXY)
+else
+	rm -rf reports/chaos-real-all
+	$(PYTEST_CHAOS) -n $(CHAOS_JOBS) --kvchaos-proxy real --kvchaos-report-dir reports/chaos-real-all --junitxml=reports/junit-chaos-real-all.xml
+	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real-all --require-bitten
+endif
+	$(MAKE) --no-print-directory test-loaded
+
+# No real Toxiproxy binary: an error under CI, a skip elsewhere.
+NO_TOXIPROXY = if [ -n "$$CI" ]; then echo "$@: error: no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)" >&2; exit 1; fi; \
+	echo "$@: SKIPPED, no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)"
 
 ## Unit tests only (no real servers, no Docker).
 test-fast: setup

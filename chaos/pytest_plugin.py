@@ -7,9 +7,14 @@ Follows pytest's documented pattern for non-Python tests ("Working with non-pyth
 
 - Scenario files are collected from ``--kvchaos-scenarios`` (default ``scenarios/``; the ini
   option ``kvchaos_scenarios`` too).
-- Every scenario item is marked ``chaos`` and ``slow``. Unless the ``-m`` expression names
+- Every scenario item is marked ``chaos`` and ``slow``, and ``network`` when one of its faults
+  is on a proxied link. Unless the ``-m`` expression names
   ``chaos``, they are deselected: plain ``pytest`` never starts a stack.
 - One stack per stack file per session, reset between scenarios, down at session end.
+- pytest-xdist (``-n N``): each worker has its own stacks (the host-wide port claims keep them
+  apart); scenario times reach the controller's summary on the reports; a SIGINT or SIGTERM sent
+  to the controller alone is forwarded to the workers, which heal and report as above, and the
+  controller waits for their stacks to go down before it exits 130 / 143.
 - A failed check shows as its one-line explanation (request id, first differing token,
   expected vs actual), with the report path; no traceback.
 - SIGINT and SIGTERM while scenarios run (chaos/interrupts.py), stack start-up included: the
@@ -29,6 +34,14 @@ from chaos.yamlsource import ConfigError
 _POOL_KEY = pytest.StashKey["object"]()
 _TIMES_KEY = pytest.StashKey[list]()
 _STOP_KEY = pytest.StashKey["object"]()
+#: The user_properties key of a scenario's [name, seconds, verdict, [xfail outcome, upstream]].
+_TIME_PROPERTY = "kvchaos_time"
+#: Signals an xdist controller forwarded to its workers.
+_FORWARDED_KEY = pytest.StashKey[list]()
+#: The controller's signal handlers from before it forwarded signals.
+_HANDLERS_KEY = pytest.StashKey[dict]()
+#: The session's config (pytest_runtest_logreport is handed none).
+_CONFIG: list[pytest.Config] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,7 +67,10 @@ def _scenario_root(config: pytest.Config) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "chaos: a chaos scenario run against a real stack (pytest -m chaos)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds or starts a real stack")
+    config.addinivalue_line("markers", "network: a chaos scenario with a fault on a proxied link (a toxic): "
+                            "`-m 'chaos and network'` selects what the real Toxiproxy must agree on")
     config.stash[_TIMES_KEY] = []
+    _CONFIG.append(config)
     proxy = config.getoption("--kvchaos-proxy", None)
     if proxy:
         from chaos.proxy.real import use_proxy
@@ -109,6 +125,11 @@ def _scenarios_in_discovery_order(items: list[pytest.Item]) -> None:
 def pytest_runtestloop(session: pytest.Session):
     """While scenario items run, SIGINT and SIGTERM become RunInterrupted (a KeyboardInterrupt,
     which stops the session) instead of killing pytest with the stacks up."""
+    if _is_xdist_controller(session.config) and _wants_chaos(session.config):
+        # Put back at the end of pytest_sessionfinish, once the workers' stacks are down.
+        session.config.stash[_HANDLERS_KEY] = _forward_signals(session.config)
+        yield
+        return
     if not any(isinstance(i, ScenarioItem) for i in session.items):
         yield
         return
@@ -129,13 +150,83 @@ def pytest_keyboard_interrupt(excinfo) -> None:
         _STOPS.append(excinfo.value)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus):
+    """The session's stacks go down before any other plugin ends the session, and a session a
+    signal stopped exits 128 + the signal (130 SIGINT, 143 SIGTERM).
+
+    Under pytest-xdist a worker reports itself finished from its own sessionfinish, and the
+    controller ends every worker process (SIGKILL after 10 s) once they have: stacks left for the
+    config's clean-up could die with their worker, unhealed. The controller, stopped by a signal
+    it forwarded (see pytest_runtestloop), first waits for every worker's stacks to go down."""
+    config = session.config
+    pool = config.stash.get(_POOL_KEY, None)
+    if pool is not None:
+        pool.close()
+    forwarded = config.stash.get(_FORWARDED_KEY, None)
+    if forwarded:
+        _wait_for_workers_stacks()
+    try:
+        return (yield)
+    finally:
+        import signal
+
+        for sig, handler in config.stash.get(_HANDLERS_KEY, {}).items():
+            signal.signal(sig, handler)
+        stop = config.stash.get(_STOP_KEY, None) or (_STOPS[-1] if _STOPS else None)
+        if stop is not None:
+            session.exitstatus = stop.exit_code
+            _STOPS.clear()
+        elif forwarded:
+            session.exitstatus = 128 + forwarded[0]
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    """True in the controller of a pytest-xdist session (``-n N``), which runs no item itself."""
+    return not hasattr(config, "workerinput") and config.pluginmanager.has_plugin("dsession")
+
+
+def _forward_signals(config: pytest.Config):
+    """Signal handlers for an xdist controller: SIGINT and SIGTERM are recorded and sent on to
+    every worker (a ``kill`` reaches the controller alone), whose own handling (chaos/interrupts.py)
+    heals, reports and brings its stacks down; the controller does not stop itself, xdist stops
+    the session once the workers report that they were interrupted. Returns the handlers to put
+    back."""
+    import signal
+
+    import psutil
+
+    def forward(signum, _frame):
+        config.stash.setdefault(_FORWARDED_KEY, []).append(signum)
+        for worker in psutil.Process().children(recursive=False):
+            try:
+                worker.send_signal(signum)
+            except psutil.Error:
+                pass
+
+    return {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _wait_for_workers_stacks(timeout_s: float = 180.0) -> None:
+    """Waits until no xdist worker of this controller has a child process left (a local stack's
+    services are the worker's children until its pool brought them down), at most ``timeout_s``."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            busy = [w for w in psutil.Process().children(recursive=False) if w.children(recursive=False)]
+        except psutil.Error:
+            busy = []
+        if not busy:
+            return
+        time.sleep(0.2)
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
-    """A session a signal stopped exits 128 + the signal (130 SIGINT, 143 SIGTERM)."""
-    stop = session.config.stash.get(_STOP_KEY, None) or (_STOPS[-1] if _STOPS else None)
-    if stop is not None:
-        session.exitstatus = stop.exit_code
-        _STOPS.clear()
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config in _CONFIG:
+        _CONFIG.remove(config)
 
 
 class ScenarioFile(pytest.File):
@@ -162,6 +253,8 @@ class ScenarioFile(pytest.File):
         item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)
         item.add_marker(pytest.mark.chaos)
         item.add_marker(pytest.mark.slow)
+        if any(getattr(fault, "link", None) for phase in scenario.phases for fault in phase.faults):
+            item.add_marker(pytest.mark.network)
         if scenario.xfail is not None:
             # Only a failed check is the known bug: a run that could not run (ScenarioError) fails,
             # and one that did not reach its window is skipped (runtest), never shown as XFAIL.
@@ -246,9 +339,11 @@ class ScenarioItem(pytest.Item):
             raise stop from None
         elapsed = time.monotonic() - t0
         xfail = result.xfail
-        self.config.stash[_TIMES_KEY].append(
-            (self.scenario.name, elapsed, result.verdict,
-             (xfail.outcome, xfail.upstream or "") if xfail is not None else None))
+        # The time travels on the test report (user_properties), not in this process: under
+        # pytest-xdist the item runs in a worker and the summary is written by the controller.
+        self.user_properties.append((_TIME_PROPERTY, [
+            self.scenario.name, elapsed, result.verdict,
+            [xfail.outcome, xfail.upstream or ""] if xfail is not None else None]))
         self.user_properties.append(("report", str(run_dir / "report.html")))
         if result.error:
             raise ScenarioError(f"could not run: {result.error.splitlines()[0]}\nreport: {run_dir}/report.html")
@@ -269,6 +364,16 @@ class ScenarioItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, 0, f"scenario: {self.name}"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collects each scenario's time from its call report (in this process, or sent by an
+    xdist worker) for the summary."""
+    if report.when != "call":
+        return
+    for key, value in report.user_properties:
+        if key == _TIME_PROPERTY and _CONFIG:
+            _CONFIG[-1].stash[_TIMES_KEY].append(tuple(value))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -1,14 +1,17 @@
 """Compare the verdicts of two runs of the same scenarios (e.g. the bundled proxy against the
 real Toxiproxy, or a quiet machine against a loaded one).
 
-    python -m chaos.report.compare REPORTS_A REPORTS_B [--require-bitten]
+    python -m chaos.report.compare REPORTS_A REPORTS_B [--require-bitten] [--subset]
     python -m chaos.report.compare --expected REPORTS [REPORTS ...] [--require-bitten]
 
 Each folder holds run folders (``<run-id>/result.json``, as ``kvchaos run --report-dir`` and
 ``pytest -m chaos --kvchaos-report-dir`` write them). A scenario that ran more than once in a
 folder counts with its last run. Prints one line per scenario whose verdict (or exit code)
 differs, or that ran in only one folder, and, with ``--require-bitten``, every fault that did
-not bite; first it prints which proxy served each folder's runs (result.json ``proxy``), so a
+not bite; with ``--subset`` the second folder ran a subset of the first's scenarios (``make
+test`` runs only the network-fault scenarios with the real Toxiproxy), so only scenarios of the
+second folder are compared, and one missing from the first is still a difference; first it
+prints which proxy served each folder's runs (result.json ``proxy``), so a
 comparison of the bundled proxy with the real one shows that the real one ran; exit status 0 when there is none, 1 otherwise, 2 when a folder holds no run.
 
 With ``--expected`` each folder is held against what the catalogue says instead of against
@@ -88,10 +91,11 @@ def proxies(outcomes: dict[str, ScenarioOutcome]) -> str:
 
 
 def compare(a: dict[str, ScenarioOutcome], b: dict[str, ScenarioOutcome],
-            require_bitten: bool = False) -> list[str]:
-    """Lines describing each difference (empty: the same verdicts)."""
+            require_bitten: bool = False, subset: bool = False) -> list[str]:
+    """Lines describing each difference (empty: the same verdicts). With ``subset``, ``b`` ran a
+    subset of ``a``'s scenarios: a scenario only ``a`` ran is no difference."""
     lines = []
-    for name in sorted(set(a) | set(b)):
+    for name in sorted(set(b) if subset else set(a) | set(b)):
         x, y = a.get(name), b.get(name)
         if x is None or y is None:
             lines.append(f"{name}: ran only in {'the second' if x is None else 'the first'} folder")
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     require = "--require-bitten" in args
     expected = "--expected" in args
-    args = [a for a in args if a not in ("--require-bitten", "--expected")]
+    subset = "--subset" in args
+    args = [a for a in args if a not in ("--require-bitten", "--expected", "--subset")]
     if len(args) != 2 and not (expected and args):
         print(__doc__, file=sys.stderr)
         return 2
@@ -151,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             total += len(lines)
         return 1 if total else 0
     a, b = got
-    lines = compare(a, b, require)
+    lines = compare(a, b, require, subset)
     for line in lines:
         print(line)
-    print(f"{len(set(a) | set(b))} scenarios, {len(lines)} difference(s)")
+    print(f"{len(set(b) if subset else set(a) | set(b))} scenarios, {len(lines)} difference(s)")
     return 1 if lines else 0
 
 

@@ -78,3 +78,22 @@ def test_each_folder_says_which_proxy_served_it_and_a_mixed_folder_is_flagged(tm
     main([str(a), str(b)])
     out = capsys.readouterr().out
     assert f"{b}: proxy none recorded (1 run), real 2.9.0 (1 run)  <- more than one proxy in one folder" in out
+
+
+def test_subset_compares_only_what_the_second_folder_ran(tmp_path, capsys):
+    """`--subset`: `make test` runs only the network-fault scenarios with the real Toxiproxy; the
+    rest of the bundled catalogue is no difference, but a verdict that differs still is, and so
+    is a scenario the second folder ran that the first did not."""
+    bundled, real = tmp_path / "bundled", tmp_path / "real"
+    _run(bundled, "r1", "smoke", "passed", 0, "1")
+    _run(bundled, "r2", "lookup", "passed", 0, "1")
+    _run(real, "r3", "lookup", "passed", 0, "1")
+    assert main([str(bundled), str(real)]) == 1  # without --subset, smoke ran only in the first
+    assert main([str(bundled), str(real), "--subset"]) == 0
+    assert "1 scenarios, 0 difference(s)" in capsys.readouterr().out
+    _run(real, "r4", "lookup", "unknown", 4, "2")
+    _run(real, "r5", "partial", "passed", 0, "1")
+    assert main([str(bundled), str(real), "--subset"]) == 1
+    out = capsys.readouterr().out
+    assert "lookup: passed (exit 0) vs unknown (exit 4)" in out
+    assert "partial: ran only in the second folder" in out

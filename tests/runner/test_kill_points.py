@@ -102,3 +102,22 @@ def test_pytest_plugin_interrupted(tmp_path, sig, after):
     assert out.report and out.verdict == "interrupted", out.output
     assert out.stage == ("stack start-up" if after == "@process" else "phase hold")
     assert out.clean(), (out.leftovers, out.output)
+
+
+@pytest.mark.parametrize("sig, after", [(signal.SIGTERM, "@fault"), (signal.SIGINT, "@process")])
+def test_pytest_xdist_controller_interrupted(tmp_path, sig, after):
+    """`pytest -m chaos -n 2`: the signal goes to the xdist controller alone (as `kill` sends it),
+    which runs no scenario itself. It is forwarded to the workers: the one running the scenario
+    heals, reports `interrupted`, brings its stack down, and the controller exits 128 + signal
+    only after that, leaving nothing (without the forwarding, SIGTERM kills the controller at
+    once and xdist's own teardown SIGKILLs workers whose stacks are still up)."""
+    cat = _catalogue(tmp_path)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "chaos", "-n", "2",
+           "--kvchaos-scenarios", str(cat), "--kvchaos-report-dir", "{reports}", str(cat)]
+    out = kill_point(cat / "killpoint.yaml", Point(sig, 1.0, after), tmp_path / "w", timeout_s=180, command=cmd)
+    assert out.returncode == 128 + sig, out.output
+    assert out.report and out.verdict == "interrupted", out.output
+    assert out.stage == ("stack start-up" if after == "@process" else "phase hold")
+    assert out.clean(), (out.leftovers, out.output)
