@@ -42,8 +42,13 @@ def _add_layer_commands() -> None:
     from chaos.zoo import zoo
 
     app.command("zoo")(zoo)
-    from chaos.coverage import coverage_app
+    from chaos.coverage import docs_command
+    from chaos.zoo import coverage_run
 
+    coverage_app = typer.Typer(help="Engine path coverage under the catalogue (docs/coverage.md).",
+                               no_args_is_help=True)
+    coverage_app.command("run")(coverage_run)
+    coverage_app.command("docs")(docs_command)
     app.add_typer(coverage_app, name="coverage")
     from chaos.diagnose.cli import diagnose
     from chaos.shrink.cli import shrink
@@ -78,32 +83,6 @@ def _select_proxy(proxy: str | None) -> None:
         raise typer.Exit(EXIT_INVALID) from None
 
 
-def _stack_run_dir(file: Path) -> Path:
-    """Where a detached stack started from ``file`` keeps its state (one per stack file)."""
-    from chaos.journal import state_dir
-
-    key = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
-    return state_dir() / "stacks" / f"{file.stem}-{key}"
-
-
-def _attach_stack(run_dir: Path):
-    """The stack a `kvchaos stack up` left in ``run_dir``: a ComposeStack when its state.json
-    says ``"backend": "compose"``, else a LocalStack.
-
-    Raises:
-        ConfigError: the stack file changed and no longer loads.
-        StackError: a compose stack, and no Docker engine answers.
-    """
-    state = json.loads((run_dir / "state.json").read_text())
-    if state.get("backend") == "compose":
-        from chaos.stack.compose import ComposeStack
-
-        return ComposeStack.attach(run_dir)
-    from chaos.stack.local import LocalStack
-
-    return LocalStack.attach(run_dir)
-
-
 @stack_app.command("up")
 def stack_up(file: Path = typer.Argument(..., help="stack file (compose format with x-kvchaos)"),
              service: list[str] = typer.Option(None, "--service", "-s",
@@ -116,6 +95,7 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
     """Start every service of FILE (local processes or, with --backend compose, a compose
     project), wait until healthy, and leave it running for `kvchaos stack status|down FILE`."""
     from chaos.stack.base import StackError
+    from chaos.stack.detached import detached_state_dir
 
     if backend not in ("local", "compose"):
         console.print(f"error: --backend must be local or compose, not {backend!r}")
@@ -124,7 +104,7 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
         console.print("error: --service works with the local backend only")
         raise typer.Exit(EXIT_INVALID)
     _select_proxy(proxy)
-    run_dir = _stack_run_dir(file)
+    run_dir = detached_state_dir(file)
     if (run_dir / "state.json").exists():
         console.print(f"stack {file} is already up (state in {run_dir}); `kvchaos stack down {file}` first")
         raise typer.Exit(EXIT_INFRA)
@@ -170,13 +150,14 @@ def stack_up(file: Path = typer.Argument(..., help="stack file (compose format w
 def stack_down(file: Path = typer.Argument(..., help="stack file given to `stack up`")) -> None:
     """Stop every service of a stack started with `kvchaos stack up FILE` (either backend)."""
     from chaos.stack.base import StackError
+    from chaos.stack.detached import attach_detached, detached_state_dir
 
-    run_dir = _stack_run_dir(file)
+    run_dir = detached_state_dir(file)
     if not (run_dir / "state.json").exists():
         console.print(f"stack {file} is not up")
         return
     try:
-        stack = _attach_stack(run_dir)
+        stack = attach_detached(run_dir)
     except ConfigError as exc:
         fail_config(exc)
     except StackError as exc:
@@ -191,13 +172,14 @@ def stack_status(file: Path = typer.Argument(..., help="stack file given to `sta
                  as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Show the services of a stack started with `kvchaos stack up FILE` (either backend)."""
     from chaos.stack.base import StackError
+    from chaos.stack.detached import attach_detached, detached_state_dir
 
-    run_dir = _stack_run_dir(file)
+    run_dir = detached_state_dir(file)
     if not (run_dir / "state.json").exists():
         console.print(f"stack {file} is not up")
         raise typer.Exit(EXIT_INFRA)
     try:
-        stack = _attach_stack(run_dir)
+        stack = attach_detached(run_dir)
     except ConfigError as exc:
         fail_config(exc)
     except StackError as exc:
@@ -278,6 +260,7 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
          jobs: str = "1") -> None:
     from chaos import interrupts
     from chaos.campaign import parse_jobs, run_campaign
+    from chaos.diagnose.hook import diagnose_after_checks
     from chaos.report.suite import build_suite, print_suite, suite_exit_code
     from chaos.runner.suite import SuiteOptions, load_and_validate
     from chaos.scenario.loader import discover_scenarios
@@ -316,7 +299,8 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
         print(f"warning: {line}", file=sys.stderr)
     opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,
                         engine_bugs=list(bug) if bug else None, timeout_s=timeout,
-                        engine_numerics=numerics, equivalence_mode=equivalence)
+                        engine_numerics=numerics, equivalence_mode=equivalence,
+                        after_checks=diagnose_after_checks)  # why requests failed (chaos/diagnose)
     stopped: interrupts.RunInterrupted | None = None
     try:
         # Workers write their own lines to stderr: no status line redrawn over them.

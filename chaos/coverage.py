@@ -1,6 +1,7 @@
 """Connector path coverage: which engine branches each catalogue scenario really runs.
 
-    kvchaos coverage run ──> run_zoo (clean row, EngineCoverage) ──> engine processes record
+    kvchaos coverage run ──> run_zoo (clean row, EngineCoverage; the command is chaos/zoo.py's
+                             coverage_run, the zoo's layer above this module) ──> engine processes record
                              branch coverage per scenario (chaos/engine/measurement.py: one
                              dynamic context per "<row>/<scenario>")
                         ──> summarize(): per scenario, the executed branches of the engine's
@@ -734,10 +735,6 @@ def check_docs(summary: dict, catalogue_md: Path = CATALOGUE_MD, coverage_md: Pa
 
 
 # ---- command line -----------------------------------------------------------------------------
-coverage_app = typer.Typer(help="Engine path coverage under the catalogue (docs/coverage.md).",
-                           no_args_is_help=True)
-
-
 def write_summary(measure: EngineCoverage, scenario_paths: list[Path], scenarios: list[str], out: Path,
                   verdicts: dict[str, str] | None = None) -> str:
     """Summarize a measured run (the clean row) into OUT/summary.json and OUT/coverage.md.
@@ -766,51 +763,6 @@ def write_summary(measure: EngineCoverage, scenario_paths: list[Path], scenarios
             f"{out / 'summary.json'} {out / 'coverage.md'}")
 
 
-@coverage_app.command("run")
-def run_command(
-    scenarios_dir: Path = typer.Option(Path("scenarios"), "--catalogue", help="folder of catalogue scenarios"),
-    scenarios: list[str] = typer.Option(None, "--scenarios", "-s", help="only these scenarios (comma-separated)"),
-    out: Path = typer.Option(Path("reports/coverage"), "--out", help="coverage data, summary.json, coverage.md"),
-    report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
-    timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
-    update: bool = typer.Option(False, "--update-docs", help="store the summary as docs/coverage.json "
-                                "and regenerate docs/coverage.md and docs/catalogue.md's map"),
-) -> None:
-    """Run the catalogue against the clean engine with the engine under branch coverage.
-
-    Exit codes: 0 measured (whatever the verdicts; they are in OUT/matrix.md), 2 bad arguments
-    or an invalid scenario file.
-    """
-    from chaos.runner.suite import load_and_validate
-    from chaos.scenario.loader import discover_scenarios
-    from chaos.yamlsource import ConfigError
-    from chaos.zoo import CLEAN, plan_rows, run_zoo
-
-    names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
-    try:
-        paths = discover_scenarios(scenarios_dir)
-        loaded = load_and_validate(paths)
-        plan = plan_rows([s.name for s in loaded], [], scenarios=names)
-        resolve_paths()
-    except (ConfigError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
-    wanted = set(plan[CLEAN])
-    paths = [p for p, s in zip(paths, loaded) if s.name in wanted]
-    measure = EngineCoverage(out / "data")
-    matrix = run_zoo(paths, plan, report_dir=report_dir, timeout_s=timeout,
-                     say=lambda m: typer.echo(m, err=True), coverage=measure)
-    matrix.write(out)
-    typer.echo(write_summary(measure, paths, plan[CLEAN], out,
-                             verdicts={s: matrix.cell(CLEAN, s) for s in plan[CLEAN]}))
-    if update:
-        summary = json.loads((out / "summary.json").read_text())
-        SUMMARY_PATH.write_text(json.dumps(summary, indent=1) + "\n")
-        update_docs(summary)
-        typer.echo(f"updated {SUMMARY_PATH}, {COVERAGE_MD}, {CATALOGUE_MD}")
-
-
-@coverage_app.command("docs")
 def docs_command(
     summary_path: Path = typer.Option(SUMMARY_PATH, "--summary", help="the stored measurement"),
     check: bool = typer.Option(False, "--check", help="only report where the pages disagree (exit 1)"),

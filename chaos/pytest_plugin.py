@@ -310,8 +310,9 @@ class ScenarioItem(pytest.Item):
         return pool
 
     def runtest(self) -> None:
-        from chaos.runner.suite import infra_error_result
+        from chaos.diagnose.hook import diagnose_after_checks
         from chaos.runner.run import run_scenario
+        from chaos.runner.suite import infra_error_result
         from chaos.stack.base import StackError, new_run_id
 
         report_dir = Path(self.config.getoption("--kvchaos-report-dir"))
@@ -324,7 +325,8 @@ class ScenarioItem(pytest.Item):
             except (StackError, ConfigError) as exc:
                 result = infra_error_result(self.scenario, run_id, run_dir, f"stack: {exc}")
             else:
-                result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600)
+                result = run_scenario(self.scenario, stack, run_dir, run_id=run_id, timeout_s=600,
+                                      after_checks=diagnose_after_checks)
                 self._pool().release(Path(self.scenario.stack), result)
         except KeyboardInterrupt as exc:  # SIGINT / SIGTERM: this item's report, then stop the session
             from chaos import interrupts

@@ -15,6 +15,9 @@
     compare_matrices(): exit 1 also when the runs disagree on any cell (a flaky scenario or
     checker); cells that agree but were failed by other checks are listed, not failed
 
+``kvchaos coverage run`` (``coverage_run``) is the clean row alone, with the engine under branch
+coverage (chaos/coverage.py measures and summarizes it).
+
 A checker must have teeth: a scenario that passes the clean engine and fails the engine with a
 planted bug "caught" it; a bug that passes every scenario it met "escaped". Seeds are the
 scenarios' own (fixed), so reruns give the same matrix.
@@ -34,8 +37,8 @@ import typer
 from chaos.engine.bugs import BUGS
 from chaos.proxy.real import PROXY_OPTION_HELP
 
-__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "compare_matrices", "leftover_state",
-           "plan_rows", "restart_dirty", "run_zoo", "zoo"]
+__all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "compare_matrices", "coverage_run", "plan_rows",
+           "run_zoo", "zoo"]
 
 #: The row of the engine with no planted bug.
 CLEAN = "clean"
@@ -324,53 +327,6 @@ def plan_rows(catalogue: list[str], bugs: Iterable[str], *, full: bool = False,
     return plan
 
 
-def leftover_state(stack: object) -> dict[str, float]:
-    """Leak-source counters of a running stack that are not zero (or could not be read: -1).
-
-    A planted bug may leave LMCache holding read locks and sessions; on a reused stack they
-    would fail the *next* cell's ``leaks`` check and credit it with a catch it did not make.
-
-    Args:
-        stack: a running Stack (its ``spec.settings.leak_sources``).
-
-    Returns:
-        ``{"<source>.<field>": value}`` for every non-zero or unreadable field; empty when clean.
-    """
-    import httpx
-
-    from chaos.runner.leaks import read_source
-
-    left: dict[str, float] = {}
-    with httpx.Client(timeout=5.0) as client:
-        for source in stack.spec.settings.leak_sources:  # type: ignore[attr-defined]
-            try:
-                values = read_source(source, client)
-            except (httpx.HTTPError, ValueError):
-                left[f"{source.name}.*"] = -1.0
-                continue
-            left.update({f"{source.name}.{k}": v for k, v in values.items() if v is None or v != 0})
-    return {k: (-1.0 if v is None else v) for k, v in left.items()}
-
-
-def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
-    """Restart the services of the leak sources that hold something (LMCache before the engine,
-    so the engine reconnects to a fresh server); returns the services restarted."""
-    left = leftover_state(stack)
-    if not left:
-        return []
-    names = {s.name: s.service for s in stack.spec.settings.leak_sources}  # type: ignore[attr-defined]
-    services = sorted({names[k.split(".")[0]] for k in left if names.get(k.split(".")[0])},
-                      key=lambda n: (n != stack.spec.settings.lmcache, n))  # type: ignore[attr-defined]
-    engine = stack.spec.settings.engine  # type: ignore[attr-defined]
-    if services and engine and engine not in services:
-        services.append(engine)  # a new LMCache server: the engine must connect afresh too
-    say(f"stack not clean ({', '.join(f'{k}={v:g}' for k, v in sorted(left.items()))}): "
-        f"restarting {', '.join(services)}")
-    for name in services:
-        stack.restart(name)  # type: ignore[attr-defined]
-    return services
-
-
 def diagnosis_summary(run_dir: Path) -> str | None:
     """The verdicts of a run's diagnosis.json as one cell, e.g. ``kv_content (zero) x3``
     (most frequent first), None when the run has no diagnosis."""
@@ -415,6 +371,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     Raises:
         ConfigError: a scenario file is invalid.
     """
+    from chaos.diagnose.hook import diagnose_after_checks
+    from chaos.runner.leaks import restart_dirty
     from chaos.runner.run import run_scenario
     from chaos.runner.stacks import StackPool
     from chaos.runner.suite import infra_error_result, load_and_validate
@@ -455,7 +413,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                     if coverage is not None:  # after the reset: only the scenario's own paths
                         coverage.switch(f"{row}/{scenario.name}")  # type: ignore[attr-defined]
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s,
-                                          progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"))
+                                          progress=lambda m, n=scenario.name: say(f"[{row}] [{n}] {m}"),
+                                          after_checks=diagnose_after_checks)
                 if coverage is not None:
                     coverage.switch("idle")  # type: ignore[attr-defined]
                 current = None
@@ -685,3 +644,49 @@ def _write_matrices(matrices: list[ZooMatrix], repeat: int, out: Path) -> int:
 
 if __name__ == "__main__":  # python -m chaos.zoo
     typer.run(zoo)
+
+
+# ``kvchaos coverage run``: the zoo's clean row, measured by chaos/coverage.py (its command group
+# is wired in chaos/cli.py).
+def coverage_run(
+    scenarios_dir: Path = typer.Option(Path("scenarios"), "--catalogue", help="folder of catalogue scenarios"),
+    scenarios: list[str] = typer.Option(None, "--scenarios", "-s", help="only these scenarios (comma-separated)"),
+    out: Path = typer.Option(Path("reports/coverage"), "--out", help="coverage data, summary.json, coverage.md"),
+    report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
+    timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
+    update: bool = typer.Option(False, "--update-docs", help="store the summary as docs/coverage.json "
+                                "and regenerate docs/coverage.md and docs/catalogue.md's map"),
+) -> None:
+    """Run the catalogue against the clean engine with the engine under branch coverage.
+
+    Exit codes: 0 measured (whatever the verdicts; they are in OUT/matrix.md), 2 bad arguments
+    or an invalid scenario file.
+    """
+    from chaos.coverage import (CATALOGUE_MD, COVERAGE_MD, SUMMARY_PATH, EngineCoverage, resolve_paths,
+                                update_docs, write_summary)
+    from chaos.runner.suite import load_and_validate
+    from chaos.scenario.loader import discover_scenarios
+    from chaos.yamlsource import ConfigError
+
+    names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
+    try:
+        paths = discover_scenarios(scenarios_dir)
+        loaded = load_and_validate(paths)
+        plan = plan_rows([s.name for s in loaded], [], scenarios=names)
+        resolve_paths()
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    wanted = set(plan[CLEAN])
+    paths = [p for p, s in zip(paths, loaded) if s.name in wanted]
+    measure = EngineCoverage(out / "data")
+    matrix = run_zoo(paths, plan, report_dir=report_dir, timeout_s=timeout,
+                     say=lambda m: typer.echo(m, err=True), coverage=measure)
+    matrix.write(out)
+    typer.echo(write_summary(measure, paths, plan[CLEAN], out,
+                             verdicts={s: matrix.cell(CLEAN, s) for s in plan[CLEAN]}))
+    if update:
+        summary = json.loads((out / "summary.json").read_text())
+        SUMMARY_PATH.write_text(json.dumps(summary, indent=1) + "\n")
+        update_docs(summary)
+        typer.echo(f"updated {SUMMARY_PATH}, {COVERAGE_MD}, {CATALOGUE_MD}")

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from chaos.checks.config import EvidenceConfig
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import FaultRecord, faults, op_dicts
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import EvidenceConfig
 
 NAME = "evidence"
 

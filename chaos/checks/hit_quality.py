@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from chaos.checks.config import HitQualityConfig
 from chaos.checks.hits import RequestHits, output_matches, request_hits, summarize
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import requests
 from chaos.checks.result import CheckResult, Verdict, worst
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import HitQualityConfig
 
 NAME = "hit_quality"
 SHOWN = 10  # offending request ids listed per phase

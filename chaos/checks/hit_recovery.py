@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from chaos.checks.config import HitRecoveryConfig
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import HitRecoveryConfig
 
 NAME = "hit_recovery"
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from chaos.checks.config import IsolationConfig
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import RequestRecord, requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import IsolationConfig
 
 NAME = "isolation"
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from chaos.checks.config import LeaksConfig
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import phase_starts
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import LeakSample, Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import LeaksConfig
 
 NAME = "leaks"
 

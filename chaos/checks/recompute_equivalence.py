@@ -40,12 +40,12 @@ from __future__ import annotations
 from math import comb
 from typing import Any, Sequence
 
+from chaos.checks.config import RecomputeEquivalenceConfig
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import RequestRecord, requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import RecomputeEquivalenceConfig
 
 NAME = "recompute_equivalence"
 WINDOW = 4  # tokens shown either side of the first difference

@@ -35,13 +35,13 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+from chaos.checks.config import HitSpeedupConfig, PercentileBounds, SloConfig
 from chaos.checks.percentile import percentile
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import RequestRecord, faults, requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
-from chaos.scenario.checks import HitSpeedupConfig, PercentileBounds, SloConfig
 
 NAME = "slo"
 _Q = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0}

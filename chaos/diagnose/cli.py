@@ -95,12 +95,12 @@ def diagnose(
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     opts = DiagnoseOptions(limit=limit, budget_s=budget, deadline=deadline)
     if attach is not None:
-        from chaos.cli import _attach_stack, _stack_run_dir
+        from chaos.stack.detached import attach_detached, detached_state_dir
 
-        state = _stack_run_dir(attach)
+        state = detached_state_dir(attach)
         if not (state / "state.json").exists():
             raise _err(f"stack {attach} is not up (`kvchaos stack up {attach}` first)", 3)
-        stack, mode, pool = _attach_stack(state), "live", None
+        stack, mode, pool = attach_detached(state), "live", None
     else:
         from chaos.runner.stacks import StackPool
         from chaos.scenario.loader import load_scenario

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from chaos.duration import Duration, PositiveDuration
 from chaos.probes import Condition, normalize_trigger
-from chaos.scenario.duration import Duration, PositiveDuration
 
 if TYPE_CHECKING:  # only for type hints; each is written by another layer
     from chaos.history import HistoryWriter

@@ -28,9 +28,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from chaos.duration import PositiveDuration
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
-from chaos.scenario.duration import PositiveDuration
 
 __all__ = ["KillParams", "Kill", "wait_exited", "require_stack"]
 

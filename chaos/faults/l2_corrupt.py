@@ -45,12 +45,12 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field, model_validator
 
+from chaos.duration import PositiveDuration
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.disk_full import LMCACHE_MARKER
-from chaos.prometheus import scrape_counters
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
-from chaos.scenario.duration import PositiveDuration
+from chaos.prometheus import scrape_counters
 
 __all__ = ["L2CorruptParams", "L2Corrupt", "RedisReadLog", "corrupt_file", "corrupt_redis_value", "pick_flips",
            "LOAD_FAILURES"]

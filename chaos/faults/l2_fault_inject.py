@@ -38,11 +38,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field, model_validator
 
+from chaos.duration import Duration
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import ProbeError, read_metric
-from chaos.scenario.duration import Duration
 from chaos.stack.reconnect import RECONNECT_TIMEOUT_S
 
 __all__ = ["L2FaultInjectParams", "L2FaultInject", "WrappableAdapter", "wrappable_adapters",

@@ -30,11 +30,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
+from chaos.duration import PositiveDuration
 from chaos.faults.base import Fault, FaultContext, FaultParams
-from chaos.prometheus import scrape_counters
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
-from chaos.scenario.duration import PositiveDuration
+from chaos.prometheus import scrape_counters
 
 __all__ = ["PreemptParams", "Preempt", "PREEMPTIONS"]
 

@@ -34,12 +34,12 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
+from chaos.duration import PositiveDuration
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.faults.stall import arm_stall, clear_stall, stall_line
 from chaos.probes import LogCursor, ProbeError, read_metric
-from chaos.scenario.duration import PositiveDuration
 
 __all__ = ["RetrieveFailParams", "RetrieveFail", "STALL_LINE", "LOAD_FAILURES"]
 

@@ -25,11 +25,11 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
+from chaos.duration import PositiveDuration
 from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import LogCursor, ProbeError
-from chaos.scenario.duration import PositiveDuration
 
 __all__ = ["StallParams", "Stall", "STALL_POINTS", "stall_line", "arm_stall", "clear_stall"]
 

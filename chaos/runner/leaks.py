@@ -29,7 +29,8 @@ from chaos.httppool import pool_limits
 from chaos.prometheus import sum_selectors
 from chaos.stack.spec import LeakSource
 
-__all__ = ["dotted", "read_source", "read_baselines", "at_baseline", "baseline_of", "poll_until_quiet"]
+__all__ = ["dotted", "read_source", "read_baselines", "at_baseline", "baseline_of", "poll_until_quiet",
+           "leftover_state", "restart_dirty"]
 
 
 def dotted(data: Any, path: str) -> Any:
@@ -143,3 +144,46 @@ def poll_until_quiet(sources: list[LeakSource], quiesce_s: float, poll_interval_
             if quiet or waited >= quiesce_s:
                 return samples, errors, waited
             time.sleep(min(poll_interval_s, max(0.0, quiesce_s - waited)))
+
+
+def leftover_state(stack: object) -> dict[str, float]:
+    """Leak-source counters of a running stack that are not zero (or could not be read: -1).
+
+    A planted bug may leave LMCache holding read locks and sessions; on a reused stack they
+    would fail the *next* cell's ``leaks`` check and credit it with a catch it did not make.
+
+    Args:
+        stack: a running Stack (its ``spec.settings.leak_sources``).
+
+    Returns:
+        ``{"<source>.<field>": value}`` for every non-zero or unreadable field; empty when clean.
+    """
+    left: dict[str, float] = {}
+    with httpx.Client(timeout=5.0) as client:
+        for source in stack.spec.settings.leak_sources:  # type: ignore[attr-defined]
+            try:
+                values = read_source(source, client)
+            except (httpx.HTTPError, ValueError):
+                left[f"{source.name}.*"] = -1.0
+                continue
+            left.update({f"{source.name}.{k}": v for k, v in values.items() if v is None or v != 0})
+    return {k: (-1.0 if v is None else v) for k, v in left.items()}
+
+
+def restart_dirty(stack: object, say: Callable[[str], None]) -> list[str]:
+    """Restart the services of the leak sources that hold something (LMCache before the engine,
+    so the engine reconnects to a fresh server); returns the services restarted."""
+    left = leftover_state(stack)
+    if not left:
+        return []
+    names = {s.name: s.service for s in stack.spec.settings.leak_sources}  # type: ignore[attr-defined]
+    services = sorted({names[k.split(".")[0]] for k in left if names.get(k.split(".")[0])},
+                      key=lambda n: (n != stack.spec.settings.lmcache, n))  # type: ignore[attr-defined]
+    engine = stack.spec.settings.engine  # type: ignore[attr-defined]
+    if services and engine and engine not in services:
+        services.append(engine)  # a new LMCache server: the engine must connect afresh too
+    say(f"stack not clean ({', '.join(f'{k}={v:g}' for k, v in sorted(left.items()))}): "
+        f"restarting {', '.join(services)}")
+    for name in services:
+        stack.restart(name)  # type: ignore[attr-defined]
+    return services

@@ -32,7 +32,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,8 +370,17 @@ def _leak_sources(scenario: Scenario, stack: Stack) -> list[LeakSource]:
                        fields=s.fields) for s in cfg.sources]
 
 
+#: What a run calls right after its checks have decided, on the stack the run used, with keyword
+#: arguments ``run_id``, ``scenario`` (its name), ``stack``, ``run_dir``, ``history`` (the ops),
+#: ``expected`` (request id -> the recompute twin's tokens), ``checks`` (CheckResults) and ``say``.
+#: kvchaos hands chaos/diagnose/hook.py's ``diagnose_after_checks`` (the runner does not import the
+#: diagnosis layer above it); what it returns is ignored, and a signal during it keeps the verdict.
+AfterChecks = Callable[..., object]
+
+
 def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str,
-                 timeout_s: float | None = None, progress=None) -> RunResult:
+                 timeout_s: float | None = None, progress=None,
+                 after_checks: AfterChecks | None = None) -> RunResult:
     """Run ``scenario`` on a running ``stack`` and evaluate its checks.
 
     Args:
@@ -382,6 +391,8 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
         timeout_s: overall deadline for the phases (None: no deadline); on expiry the run is
             an infrastructure error, faults are healed and the report still written.
         progress: optional callable(str) for status lines.
+        after_checks: called once the checks have a verdict and the run was not interrupted
+            (``AfterChecks``; None: nothing, e.g. no diagnosis of a shrink's candidates).
 
     Returns:
         The run's result (report written to ``run_dir``); never raises for check failures.
@@ -392,11 +403,12 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
             came while the finished run's report was written); the result is on ``.result``.
     """
     with interrupts.handling():
-        return _run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s, progress=progress)
+        return _run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s, progress=progress,
+                             after_checks=after_checks)
 
 
 def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str,
-                  timeout_s: float | None, progress) -> RunResult:
+                  timeout_s: float | None, progress, after_checks: AfterChecks | None) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _msg: None)
     history = HistoryWriter(run_dir / "history.jsonl")
@@ -484,13 +496,11 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
         interrupted = interrupts.as_interrupt(exc)
         checks = []  # checks cut short are no verdict
     late: RunInterrupted | None = None
-    if checks and interrupted is None:
+    if checks and interrupted is None and after_checks is not None:
         try:
             interrupts.set_stage("diagnosis")
-            from chaos.diagnose.hook import diagnose_after_checks  # why requests failed (chaos/diagnose)
-
-            diagnose_after_checks(run_id=run_id, scenario=scenario.name, stack=stack, run_dir=run_dir,
-                                  history=history.ops, expected=snapshots.expected, checks=checks, say=say)
+            after_checks(run_id=run_id, scenario=scenario.name, stack=stack, run_dir=run_dir,
+                         history=history.ops, expected=snapshots.expected, checks=checks, say=say)
         except KeyboardInterrupt as exc:  # the checks have decided: keep their verdict
             late = interrupts.as_interrupt(exc)
     try:

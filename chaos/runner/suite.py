@@ -24,7 +24,7 @@ from chaos.report.model import InterruptInfo, RunResult
 from chaos.report.result import build_result
 from chaos.report.suite import write_suite
 from chaos.report.writer import write_report
-from chaos.runner.run import run_scenario
+from chaos.runner.run import AfterChecks, run_scenario
 from chaos.runner.stacks import StackPool
 from chaos.scenario.loader import check_scenario, override
 from chaos.scenario.model import Scenario
@@ -46,6 +46,8 @@ class SuiteOptions:
             the reference engine's non-batch-invariant mode).
         equivalence_mode: set every scenario's ``recompute_equivalence.mode`` (``tolerant``).
         timeout_s: per-scenario deadline for the phases.
+        after_checks: handed to every run (chaos/runner/run.py ``AfterChecks``; ``kvchaos run``
+            hands the diagnosis, chaos/diagnose/hook.py); None: nothing after the checks.
     """
 
     backend: str = "local"
@@ -58,6 +60,7 @@ class SuiteOptions:
     timeout_s: float | None = 600.0
     run_id_prefix: str = ""
     extra: dict = field(default_factory=dict)
+    after_checks: AfterChecks | None = None
 
 
 def load_and_validate(paths: list[Path], stack: Path | None = None, *,

@@ -22,11 +22,11 @@ from pydantic import (
     model_validator,
 )
 
+from chaos.checks.config import ChecksConfig, Within
+from chaos.duration import PositiveDuration
 from chaos.faults import registry
 from chaos.faults.base import FaultParams
 from chaos.probes import Condition, normalize_trigger
-from chaos.scenario.checks import ChecksConfig, Within
-from chaos.scenario.duration import PositiveDuration
 from chaos.workload.spec import WorkloadSpec
 
 if TYPE_CHECKING:

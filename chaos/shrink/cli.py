@@ -68,7 +68,7 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     from chaos.runner.stacks import StackPool
     from chaos.scenario.loader import load_scenario
     from chaos.stack.base import new_run_id
-    from chaos.zoo import restart_dirty
+    from chaos.runner.leaks import restart_dirty
 
     run_dir = Path(run_dir)
     try:
@@ -95,8 +95,6 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     if own_pool:
         pool = StackPool(backend, work / "stacks")
     last_dir: list[Path] = []
-    old_diag = os.environ.get("KVCHAOS_DIAGNOSE")
-    os.environ["KVCHAOS_DIAGNOSE"] = "0"  # candidates are judged by their checks only
 
     def run_once(cand: Scenario) -> tuple[str, float, str, bool]:
         """One run of ``cand``: (the target check's verdict, seconds, note, an error came)."""
@@ -104,6 +102,7 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
         cdir = work / run_id
         t0 = time.monotonic()
         stack = pool.acquire(Path(cand.stack), cand.stack_variables(), say=lambda _m: None)
+        # No after_checks (no diagnosis): candidates are judged by their checks only.
         res = run_scenario(cand.model_copy(deep=True), stack, cdir, run_id=run_id, timeout_s=300)
         if res.error or any(f.kind == "kill" for f in res.faults):
             pool.release(Path(cand.stack), res)  # a restarted server: the next run gets a fresh stack
@@ -137,10 +136,6 @@ def run_shrink(run_dir: Path, *, check: str | None = None, reruns: int = 3, sear
     finally:
         if own_pool:
             pool.close()
-        if old_diag is None:
-            os.environ.pop("KVCHAOS_DIAGNOSE", None)
-        else:
-            os.environ["KVCHAOS_DIAGNOSE"] = old_diag
     header = (f"shrunk by `kvchaos shrink` from {result.run_id} ({result.scenario}, engine bugs "
               f"{', '.join(result.engine_bugs) or 'none'}): fails {target} in {res.verified} of {res.reruns} reruns\n"
               f"{res.final['requests']} requests, {res.final['phases']} phase(s), {res.final['faults']} fault(s); "

@@ -18,29 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.journal import Journal
-from chaos.stack.spec import KvchaosSettings, StackSpec
-
-
-class StackError(RuntimeError):
-    """A stack could not be brought up or driven (exit code 3: infrastructure error).
-
-    Attributes:
-        service: the service concerned, or None.
-        log_tail: the last lines of that service's log, when known.
-        exited: the service's own process ended before it became healthy while no other
-            process held its ports (it crashed or gave up; not a lost bind). A stack that
-            never started is still an infrastructure error; a kill fault's timed restart that
-            ends so is the service failing to come back under the scenario's faults
-            (chaos/faults/kill.py).
-    """
-
-    def __init__(self, message: str, service: str | None = None, log_tail: str = "",
-                 exited: bool = False) -> None:
-        self.service = service
-        self.log_tail = log_tail
-        self.exited = exited
-        text = message if not log_tail else f"{message}\n--- last log lines of {service} ---\n{log_tail}"
-        super().__init__(text)
+from chaos.stack.spec import KvchaosSettings, StackError, StackSpec
 
 
 @dataclass

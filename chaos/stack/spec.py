@@ -34,6 +34,30 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\
                        r"(?:(\d+(?:\.\d+)?)us)?\s*$")
 
 
+class StackError(RuntimeError):
+    """A stack could not be brought up or driven (exit code 3: infrastructure error). Defined with
+    the stack file (its port claims raise it); chaos/stack/base.py, where callers import it from,
+    re-exports it.
+
+    Attributes:
+        service: the service concerned, or None.
+        log_tail: the last lines of that service's log, when known.
+        exited: the service's own process ended before it became healthy while no other
+            process held its ports (it crashed or gave up; not a lost bind). A stack that
+            never started is still an infrastructure error; a kill fault's timed restart that
+            ends so is the service failing to come back under the scenario's faults
+            (chaos/faults/kill.py).
+    """
+
+    def __init__(self, message: str, service: str | None = None, log_tail: str = "",
+                 exited: bool = False) -> None:
+        self.service = service
+        self.log_tail = log_tail
+        self.exited = exited
+        text = message if not log_tail else f"{message}\n--- last log lines of {service} ---\n{log_tail}"
+        super().__init__(text)
+
+
 def parse_compose_duration(value: Any) -> float:
     """Seconds from a compose duration (``1m30s``, ``500ms``, ``2s``, ``1h``) or a number.
 
@@ -510,8 +534,6 @@ def _claim_set_ports(raw: Any, env: dict[str, str], owner: str | None, refuse: b
         ports.add(port)
         if claim(port, owner) or not refuse:
             continue
-        from chaos.stack.base import StackError  # the stack layer above this module
-
         raise StackError(f"{name}={port}: port {port} is claimed by another kvchaos stack "
                          f"({holder(port) or 'a claim that just ended'}); it would take the port from "
                          f"that stack, or lose it: unset {name} (a free port is picked) or choose another")

@@ -156,7 +156,7 @@ stacks.StackPool.release = lambda self, *a, **k: None
 stacks.StackPool.close = lambda self: None
 
 
-def fake_run(scenario, stack, run_dir, run_id, timeout_s=600):
+def fake_run(scenario, stack, run_dir, run_id, timeout_s=600, after_checks=None):
     kind = scenario.name.split("-")[1]
     x = XfailInfo(reason="r", upstream="u", outcome={"failed": "xfailed", "passed": "xpassed"}.get(kind))
     verdict = {"error": "unknown", "inconclusive": "unknown"}.get(kind, kind)

@@ -173,7 +173,7 @@ def leak_server():
 
 
 def test_a_clean_stack_is_not_restarted(leak_server) -> None:
-    from chaos.zoo import leftover_state, restart_dirty
+    from chaos.runner.leaks import leftover_state, restart_dirty
 
     url, _state = leak_server
     stack = _FakeStack(url)
@@ -183,7 +183,7 @@ def test_a_clean_stack_is_not_restarted(leak_server) -> None:
 
 def test_leftover_locks_restart_lmcache_then_the_engine(leak_server) -> None:
     """A planted bug that left read locks must not be credited to the next cell's leaks check."""
-    from chaos.zoo import leftover_state, restart_dirty
+    from chaos.runner.leaks import leftover_state, restart_dirty
 
     url, state = leak_server
     state["/status"] = {"l1": {"read_locked_count": 18}, "sessions": 8}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from chaos.checks.config import HitQualityConfig
 from chaos.checks.hit_quality import check
 from chaos.checks.snapshots import Snapshots
-from chaos.scenario.checks import HitQualityConfig
 
 C = 256
 FAMILY = [list(range(i * 1000, i * 1000 + 2 * C)) for i in range(4)]  # two full chunks each

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from chaos.checks.config import HitRecoveryConfig
 from chaos.checks.hit_recovery import check
 from chaos.checks.snapshots import Snapshots
 from chaos.history import HistoryWriter
-from chaos.scenario.checks import HitRecoveryConfig
 
 
 def history(phase_hits: dict[str, list[int]]):

@@ -8,8 +8,8 @@ the twin's runner-up.
 from __future__ import annotations
 
 from chaos.checks import Snapshots, recompute_equivalence
+from chaos.checks.config import RecomputeEquivalenceConfig
 from chaos.checks.recompute_equivalence import divergence, fisher_greater
-from chaos.scenario.checks import RecomputeEquivalenceConfig
 
 PROMPT = list(range(300))
 TOLERANT = {"mode": "tolerant"}

@@ -1,7 +1,7 @@
 import pytest
 
 from chaos.checks import CheckResult, Snapshots, combine, get, names, run_checks
-from chaos.scenario.checks import ChecksConfig
+from chaos.checks.config import ChecksConfig
 
 
 def _r(v):
@@ -93,8 +93,8 @@ def test_unknown_check_lists_the_known_ones():
 def test_coerce_config_accepts_none_dict_own_and_other_models():
     from pydantic import BaseModel
 
+    from chaos.checks.config import LeaksConfig
     from chaos.checks.registry import coerce_config
-    from chaos.scenario.checks import LeaksConfig
 
     class Other(BaseModel):
         quiesce_s: float = 4.0

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from chaos.checks.config import SloConfig
 from chaos.checks.slo import check
 from chaos.checks.snapshots import Snapshots
-from chaos.scenario.checks import SloConfig
 
 P = list(range(544))  # 512-token prefix + 32
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chaos.diagnose.hook import diagnose_after_checks
 from chaos.runner.run import run_scenario
 from chaos.runner.stacks import StackPool
 from chaos.runner.suite import load_and_validate
@@ -107,7 +108,8 @@ def _run(pool: StackPool, tmp_path: Path, bug: str, extra_variables: dict[str, s
     (scenario,) = load_and_validate([path])
     stack = pool.acquire(STACK, {**scenario.stack_variables(), **(extra_variables or {})})
     run_dir = tmp_path / "run"
-    result = run_scenario(scenario, stack, run_dir, run_id=new_run_id(scenario.name), timeout_s=180)
+    result = run_scenario(scenario, stack, run_dir, run_id=new_run_id(scenario.name), timeout_s=180,
+                          after_checks=diagnose_after_checks)  # as kvchaos run hands it
     pool.release(STACK, result)
     assert result.verdict == "failed", [c.summary for c in result.checks]
     diag = json.loads((run_dir / "diagnosis.json").read_text())

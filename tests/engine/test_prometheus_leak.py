@@ -17,9 +17,9 @@ import pytest
 from engine_procs import random_prompt
 
 from chaos.checks import leaks
+from chaos.checks.config import LeaksConfig
 from chaos.checks.snapshots import Snapshots
 from chaos.runner.leaks import poll_until_quiet, read_baselines
-from chaos.scenario.checks import LeaksConfig
 from chaos.stack.spec import LeakSource
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.scenario.duration import Duration, PositiveDuration, format_duration, parse_duration
+from chaos.duration import Duration, PositiveDuration, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

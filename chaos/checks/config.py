@@ -1,7 +1,8 @@
 """Settings of each check, as written under ``checks:`` in a scenario.
 
-A check whose key is absent is not run. The check functions themselves live in chaos/checks;
-these models are only what the user may configure.
+A check whose key is absent is not run. The check functions are the other modules of this
+package; these models are only what the user may configure (the scenario model, chaos/scenario,
+reads them under ``checks:``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.scenario.duration import PositiveDuration
+from chaos.duration import PositiveDuration
 from chaos.workload.classify import REQUEST_CLASSES
 
 __all__ = [
