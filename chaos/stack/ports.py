@@ -10,6 +10,7 @@ default port free and pick it. Each stack therefore claims the ports it picks:
   dir, so runs with different ``KVCHAOS_STATE_DIR`` and different users see each other's claims;
 - the lock belongs to the open file, so it ends with the claiming process however that ends
   (no stale claims, no pid reuse: a live holder always holds its lock, whatever its pid);
+- the module uses the standard library only (a test runs it as another user, on its own);
 - a claim file is deleted only by a process that holds its lock and has checked that the name
   still names the file it locked (inode): a release deletes its own, and :func:`remove_stale`
   (once per process before the first pick, and ``kvchaos cleanup``) deletes those whose lock
@@ -41,8 +42,6 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from chaos.procid import start_ticks
 
 __all__ = ["claim", "release", "holder", "owned", "claims_dir", "pick_port", "ephemeral_range", "is_free",
            "release_all", "remove_stale"]
@@ -120,8 +119,7 @@ def claim(port: int, owner: str | None = None) -> bool:
                 continue
             if writable:
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, f"pid={os.getpid()} start_ticks={start_ticks(os.getpid())} uid={os.getuid()} "
-                              f"owner={owner}\n".encode(), 0)
+                os.pwrite(fd, f"pid={os.getpid()} uid={os.getuid()} owner={owner}\n".encode(), 0)
             _held[port] = _Held(fd, owner)
             return True
     return False
