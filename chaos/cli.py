@@ -399,10 +399,10 @@ def cleanup_cmd(force: list[str] = typer.Option(None, "--force", metavar="RUN_ID
     from chaos.stack.ports import claims_dir, remove_stale
 
     rep = cleanup(force=force or ())
-    removed, _kept = remove_stale()
+    removed, _kept = remove_stale()  # files only: the claims ended with their processes
     if removed:
-        rep.undone.append(f"removed {removed} port claim file{'s' if removed != 1 else ''} of ended processes "
-                          f"from {claims_dir()}")
+        out.print(f"port claims: deleted {removed} file{'s' if removed != 1 else ''} of ended processes "
+                  f"in {claims_dir()}", highlight=False)
     for line in rep.undone:
         out.print(line, highlight=False)
     for line in rep.skipped:

@@ -496,3 +496,23 @@ def test_a_claimer_racing_a_removal_claims_a_fresh_file(claims, monkeypatch):
         assert path.exists()
     finally:
         ports.release([port], "stack:race")
+
+
+def test_a_process_sweeps_before_its_first_pick_and_cleanup_sweeps_too(claims, tmp_path):
+    """Dead claims go without anyone running cleanup: a process's first pick_port deletes them;
+    `kvchaos cleanup` does as well, and says so."""
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    first, second = free_port(), free_port()
+    for port in (first, second):
+        subprocess.run([sys.executable, "-c", DIES_HOLDING, str(port)], check=True, timeout=60)
+    picked = subprocess.run([sys.executable, "-c", "from chaos.stack import ports; print(ports.pick_port('stack:p'))"],
+                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert os.listdir(claims) == [picked]  # the dead two went; the pick's process ended without a release
+    subprocess.run([sys.executable, "-c", DIES_HOLDING, str(first)], check=True, timeout=60)
+    r = CliRunner().invoke(app, ["cleanup"], env={"KVCHAOS_STATE_DIR": str(tmp_path / "state")})
+    assert r.exit_code == 0, r.output
+    assert f"port claims: deleted 2 files of ended processes in {claims}" in r.output
+    assert os.listdir(claims) == []
