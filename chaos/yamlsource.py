@@ -15,7 +15,11 @@ only if it is a regular file of at most :data:`MAX_FILE_BYTES`; while the YAML i
 nesting depth (:data:`MAX_DEPTH`), the number of aliases (:data:`MAX_ALIASES`) and the number
 of values the document holds once every alias is expanded (:data:`MAX_VALUES`, which stops a
 "billion laughs" file) are counted, and an alias to a node that contains it (a cycle) is an
-error at the alias's line. Paths are checked by :func:`path_problem` without raising.
+error at the alias's line. Paths are checked by :func:`path_problem` without raising. Every
+exception the YAML layer can raise on hostile input is a ConfigError: a value that its tag does
+not accept (``!!bool maybe``, ``!!int zz``, ``!!timestamp foo``, ``!!null x``: bare KeyError,
+ValueError, AttributeError or IndexError in PyYAML) at the value's line and column. Inside
+:func:`foreign_file` (stack files) and with ``quote_values=False``, no error quotes the file.
 """
 
 from __future__ import annotations
@@ -400,7 +404,8 @@ def load_yaml(path: str | Path, *, display: str | None = None) -> tuple[Any, Loc
         ConfigError: the path is unusable (see :func:`path_problem`: too long, a folder, a
             device or FIFO, unreadable, over :data:`MAX_FILE_BYTES`), the file is not UTF-8, is
             not valid YAML (line and column set), has more than one document, a duplicate key in
-            a mapping, a cyclic alias, or crosses a bound (depth, aliases, expanded values).
+            a mapping, a cyclic alias, a value its tag does not accept (``!!bool maybe``, at
+            its line and column), or crosses a bound (depth, aliases, expanded values).
     """
     name = display if display is not None else display_path(path)
     problem = path_problem(path)
