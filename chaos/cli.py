@@ -401,8 +401,8 @@ def cleanup_cmd(force: list[str] = typer.Option(None, "--force", metavar="RUN_ID
     rep = cleanup(force=force or ())
     removed, _kept = remove_stale()  # files only: the claims ended with their processes
     if removed:
-        out.print(f"port claims: deleted {removed} file{'s' if removed != 1 else ''} of ended processes "
-                  f"in {claims_dir()}", highlight=False)
+        out.print(f"port claims: deleted {removed} stale file{'s' if removed != 1 else ''} (no process holds "
+                  f"{'them' if removed != 1 else 'it'}) in {claims_dir()}", highlight=False)
     for line in rep.undone:
         out.print(line, highlight=False)
     for line in rep.skipped:
