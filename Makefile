@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup image demo test test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz killpoints clean
+.PHONY: setup image demo test test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints clean
 
 setup:
 	bash scripts/setup.sh
@@ -130,10 +130,16 @@ zoo-tolerant: setup
 	$(KVCHAOS) run scenarios/ --numerics batch-dependent --report-dir reports/zoo-tolerant/exact-mode; \
 	  rc=$$?; if [ $$rc -ne 1 ]; then echo "exact mode on batch-dependent numerics exited $$rc, expected 1 (a check failed)"; exit 1; fi; \
 	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
-## Hostile input at acceptance size: 3,000 mutated scenarios + 500 mutated stack files through
-## `kvchaos validate`, each in its own process, each under 5 s and 200 MB (reports/fuzz/).
+## Hostile input at acceptance size: 3,000 mutated scenarios + 500 mutated stack files + 500
+## stack files of marker values (never printed) through `kvchaos validate`, each in its own
+## process, each under 5 s and 200 MB (reports/fuzz/).
 fuzz: setup
 	$(PY) scripts/fuzz_validate.py $(FUZZ_ARGS)
+
+## Signals at start-up at acceptance size: 20 SIGINT + 20 SIGTERM within the first 3 s of
+## `kvchaos run`, each must leave reports with verdict interrupted and exit 130/143.
+startup-signals: setup
+	$(PY) scripts/startup_signals.py --json reports/startup-signals/summary.json $(STARTUP_SIGNALS_ARGS)
 
 ## Interrupted runs at acceptance size: SIGTERM, SIGINT and SIGKILL at 20 random points each of a
 ## real run (stack start-up included), then the leftover count (reports/killpoints/).

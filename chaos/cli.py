@@ -28,6 +28,16 @@ stack_app = typer.Typer(help="Bring a stack file's services up or down as local 
 app.add_typer(stack_app, name="stack")
 
 
+@app.callback()
+def _command_starts(ctx: typer.Context) -> None:
+    """Before any command: the entry point's start-up mode for signals ends here (chaos/entry.py),
+    except for `run`, which ends it after its own imports and the validation."""
+    if ctx.invoked_subcommand != "run":
+        from chaos import interrupts
+
+        interrupts.end_startup()
+
+
 def _add_layer_commands() -> None:
     """Sub-commands of the other layers; each module keeps heavy imports (torch) inside its
     commands so that `kvchaos --help` stays fast."""
@@ -238,9 +248,12 @@ def run_cmd(
     """
     from chaos import interrupts
 
-    # From the first moment: a signal during validation or stack start-up is handled too.
+    # From the first moment: a signal during the imports, the validation or the stack start-up
+    # is handled too (the entry point holds signals from its first instruction; without it, from
+    # here), and gets a report.
     try:
         with interrupts.handling():
+            interrupts.hold_startup()
             try:
                 _run(scenarios, backend, seed, keep_stack, report_dir, bug, timeout, stack, proxy=proxy,
                      numerics=numerics, equivalence=equivalence, diagnose=diagnose,
@@ -259,50 +272,28 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
          numerics: str | None, equivalence: str | None, diagnose: int, diagnose_budget: float,
          jobs: str = "1") -> None:
     from chaos import interrupts
-    from chaos.campaign import parse_jobs, run_campaign
-    from chaos.diagnose.hook import diagnose_after_checks
-    from chaos.report.suite import build_suite, print_suite, suite_exit_code
-    from chaos.runner.suite import SuiteOptions, load_and_validate
-    from chaos.scenario.loader import discover_scenarios
-
-    try:
-        workers = parse_jobs(jobs)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(EXIT_INVALID) from None
-
-    if backend not in ("local", "compose"):
-        print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
-        raise typer.Exit(EXIT_INVALID)
-    _select_proxy(proxy)
-    if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
-        print("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant",
-              file=sys.stderr)
-        raise typer.Exit(EXIT_INVALID)
-    import os
-
-    os.environ.update(KVCHAOS_DIAGNOSE=str(diagnose), KVCHAOS_DIAGNOSE_BUDGET_S=str(diagnose_budget))  # chaos/diagnose/hook.py
-    warnings: list[str] = []
-    try:
-        paths = [p for root in scenarios for p in discover_scenarios(root)]
-        if not paths:
-            print(f"error: no scenario files in {', '.join(map(str, scenarios))}", file=sys.stderr)
-            raise typer.Exit(EXIT_INVALID)
-        loaded = load_and_validate(paths, stack, bugs=list(bug) if bug else None, numerics=numerics,
-                                   equivalence=equivalence, warnings=warnings,
-                                   require_commands=backend == "local")
-    except ConfigError as exc:
-        for line in warnings:
-            print(f"warning: {line}", file=sys.stderr)
-        fail_config(exc)
-    for line in warnings:
-        print(f"warning: {line}", file=sys.stderr)
-    opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,
-                        engine_bugs=list(bug) if bug else None, timeout_s=timeout,
-                        engine_numerics=numerics, equivalence_mode=equivalence,
-                        after_checks=diagnose_after_checks)  # why requests failed (chaos/diagnose)
+    loaded: list = []
     stopped: interrupts.RunInterrupted | None = None
     try:
+        try:  # start-up: signals held (interrupts.hold_startup) until the files are validated
+            from chaos.campaign import parse_jobs, run_campaign
+            from chaos.diagnose.hook import diagnose_after_checks
+            from chaos.report.suite import build_suite, print_suite, suite_exit_code
+            from chaos.runner.suite import SuiteOptions, interrupted_before_start
+
+            opts = SuiteOptions(backend=backend, report_dir=report_dir, keep_stack=keep_stack, seed=seed,
+                                engine_bugs=list(bug) if bug else None, timeout_s=timeout,
+                                engine_numerics=numerics, equivalence_mode=equivalence,
+                                after_checks=diagnose_after_checks)  # why requests failed (chaos/diagnose)
+            try:
+                workers = parse_jobs(jobs)
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                raise typer.Exit(EXIT_INVALID) from None
+            loaded = _validate_for_run(scenarios, backend, stack, bug, proxy=proxy, numerics=numerics,
+                                       equivalence=equivalence, diagnose=diagnose, diagnose_budget=diagnose_budget)
+        finally:
+            interrupts.end_startup()  # raises RunInterrupted (stage "start-up") when a signal came
         # Workers write their own lines to stderr: no status line redrawn over them.
         with console.status("starting") if workers == 1 else contextlib.nullcontext() as status:
             def say(msg: str) -> None:
@@ -313,9 +304,16 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
             results, suite_dir = run_campaign(loaded, opts, workers, say)
     except interrupts.RunInterrupted as exc:
         stopped = exc
+        if exc.suite_dir is None:  # before the suite started: every scenario gets its report
+            with interrupts.deferred():
+                exc.results, exc.suite_dir = interrupted_before_start(loaded, opts, exc)
+            console.print(f"[red]interrupted[/red] ({exc.describe()}): nothing had started, reports written",
+                          highlight=False)
+        else:
+            console.print(f"[red]interrupted[/red] ({exc.describe()}): faults healed, stacks "
+                          f"{'left up (--keep-stack)' if keep_stack else 'stopped'}, reports written",
+                          highlight=False)
         results, suite_dir = exc.results, exc.suite_dir
-        console.print(f"[red]interrupted[/red] ({exc.describe()}): faults healed, stacks "
-                      f"{'left up (--keep-stack)' if keep_stack else 'stopped'}, reports written", highlight=False)
     from chaos.report.model import InterruptInfo
 
     info = None if stopped is None else InterruptInfo(signal=stopped.signal_name, exit_code=stopped.exit_code,
@@ -338,6 +336,43 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
     raise typer.Exit(suite_exit_code(results))
 
 
+def _validate_for_run(scenarios: list[Path], backend: str, stack: Path | None, bug: list[str] | None, *,
+                      proxy: str | None, numerics: str | None, equivalence: str | None, diagnose: int,
+                      diagnose_budget: float) -> list:
+    """`kvchaos run`'s options and files checked: the validated scenarios. Exit 2 (typer.Exit)
+    for a bad option or an invalid file, every problem and warning printed."""
+    import os
+
+    from chaos.runner.suite import load_and_validate
+    from chaos.scenario.loader import discover_scenarios
+
+    if backend not in ("local", "compose"):
+        print(f"error: --backend must be local or compose, not {backend!r}", file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID)
+    _select_proxy(proxy)
+    if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
+        print("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant",
+              file=sys.stderr)
+        raise typer.Exit(EXIT_INVALID)
+    os.environ.update(KVCHAOS_DIAGNOSE=str(diagnose), KVCHAOS_DIAGNOSE_BUDGET_S=str(diagnose_budget))  # chaos/diagnose/hook.py
+    warnings: list[str] = []
+    try:
+        paths = [p for root in scenarios for p in discover_scenarios(root)]
+        if not paths:
+            print(f"error: no scenario files in {', '.join(map(str, scenarios))}", file=sys.stderr)
+            raise typer.Exit(EXIT_INVALID)
+        loaded = load_and_validate(paths, stack, bugs=list(bug) if bug else None, numerics=numerics,
+                                   equivalence=equivalence, warnings=warnings,
+                                   require_commands=backend == "local")
+    except ConfigError as exc:
+        for line in warnings:
+            print(f"warning: {line}", file=sys.stderr)
+        fail_config(exc)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    return loaded
+
+
 @app.command("report")
 def report_cmd(run_dir: Path = typer.Argument(..., help="a run folder, reports/<run-id>")) -> None:
     """Re-render a run's junit.xml and report.html from its result.json and history.jsonl."""
@@ -353,11 +388,17 @@ def cleanup_cmd(force: list[str] = typer.Option(None, "--force", metavar="RUN_ID
                                                      "repeatable")) -> None:
     """Undo what killed runs left behind (toxics, paused or orphaned processes, mounts, ballast
     files, compose projects), from the journals in the state directory. Runs whose runner still
-    runs, and stacks left up by `kvchaos stack up`, are skipped and named; exit 1 when something
-    could not be undone."""
+    runs, and stacks left up by `kvchaos stack up`, are skipped and named; port claim files of
+    ended processes are deleted (chaos/stack/ports.py); exit 1 when something could not be
+    undone."""
     from chaos.cleanup import cleanup
+    from chaos.stack.ports import claims_dir, remove_stale
 
     rep = cleanup(force=force or ())
+    removed, _kept = remove_stale()  # files only: the claims ended with their processes
+    if removed:
+        out.print(f"port claims: deleted {removed} stale file{'s' if removed != 1 else ''} (no process holds "
+                  f"{'them' if removed != 1 else 'it'}) in {claims_dir()}", highlight=False)
     for line in rep.undone:
         out.print(line, highlight=False)
     for line in rep.skipped:

@@ -24,22 +24,42 @@ recorded, a heal half done, a report half written, the stacks going down. Withou
 duration, so a signal in it is still held and raised at its end.
 
 Exit codes follow the shell's convention: 128 + the signal number (130 SIGINT, 143 SIGTERM).
+
+Start-up: the ``kvchaos`` entry point (chaos/entry.py) sets one of two start-up modes as its
+first instruction, before the imports that take 2-11 s, so a signal that comes while the program
+still loads neither raises KeyboardInterrupt inside an import (a traceback, half-imported modules
+left behind) nor kills the process silently (SIGTERM's default):
+
+- ``kvchaos run`` (:func:`hold_startup`): the signal is held (stage "start-up") until
+  :func:`end_startup`, which the run calls after its own imports and the validation, and which
+  raises it as RunInterrupted, so the run writes its report with verdict ``interrupted``;
+- every other command (:func:`exit_during_startup`): nothing is under way to report or undo, so
+  the process says so and exits 130 / 143 at once (a stack's services are ``kvchaos`` commands
+  too, and a stack brought down while they load must not wait for their imports);
+  :func:`end_startup`, called before the command starts, gives the handlers back.
+
+This module imports only light standard-library modules (asyncio only inside
+:func:`run_async`), so the start-up mode is on within milliseconds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 __all__ = ["RunInterrupted", "handling", "deferred", "stage", "set_stage", "current_stage", "pending",
-           "as_interrupt", "startup_interrupted", "exit_on_signal", "run_async", "SIGNALS", "STARTUP_STAGES"]
+           "as_interrupt", "startup_interrupted", "exit_on_signal", "run_async", "SIGNALS", "STARTUP_STAGES",
+           "STARTUP", "hold_startup", "exit_during_startup", "end_startup", "holding_startup"]
+
+#: The stage of a signal that came before the command started anything (imports, argument
+#: parsing, validation).
+STARTUP = "start-up"
 
 #: The signals a run turns into RunInterrupted.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -97,6 +117,8 @@ class _State:
         self.stage: str | None = None
         self.cancel: Callable[[], None] | None = None  # set by run_async while its loop runs
         self.cancelled_by: tuple[int, str | None] | None = None  # (signum, stage) run_async owes
+        self.startup: ExitStack | None = None  # hold_startup()'s handling + stage + deferred
+        self.startup_old: dict[int, Any] | None = None  # exit_during_startup(): the handlers it replaced
 
 
 _state = _State()
@@ -119,6 +141,9 @@ def _handler(signum: int, _frame: object) -> None:
         st.cancel()  # again on a later signal: a cancellation swallowed on the way is retried
         return
     if st.raised or st.held:
+        if st.startup is not None and not st.raised and len(st.received) == 1:
+            _say(f"kvchaos: {signal.Signals(signum).name} received during start-up; stopping once loaded "
+                 "(the report says so)\n")
         if st.raised and len(st.received) > 1:
             _say(f"kvchaos: {signal.Signals(signum).name} received; still healing faults and stopping the "
                  "stacks (SIGKILL skips that; then run `kvchaos cleanup`)\n")
@@ -204,6 +229,8 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
         RunInterrupted: a signal came while the loop ran (also when ``main`` had just finished).
         Whatever ``main`` raised, else.
     """
+    import asyncio  # here, not at the top: the entry point's hold_startup() imports this module first
+
     st = _state
     if not _main() or not st.installed or st.cancel is not None:
         return asyncio.run(main)
@@ -238,6 +265,61 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
         if owed is not None:
             raise RunInterrupted(*owed)
     return result
+
+
+def hold_startup() -> None:
+    """From the first instruction of the entry point: install the handler (as :func:`handling`),
+    hold SIGINT and SIGTERM (as :func:`deferred`) and name the stage :data:`STARTUP`, until
+    :func:`end_startup`. A signal ignored by the parent stays ignored. Does nothing outside the
+    main thread or when a hold is on already."""
+    st = _state
+    if not _main() or st.startup is not None:
+        return
+    hold = ExitStack()
+    hold.enter_context(handling())
+    hold.enter_context(stage(STARTUP))
+    hold.enter_context(deferred())
+    st.startup = hold
+
+
+def _exit_at_startup(signum: int, _frame: object) -> None:
+    _say(f"interrupted ({signal.Signals(signum).name} during {STARTUP})\n")
+    os._exit(128 + signum)  # nothing started yet: no buffer, file or process to see to
+
+
+def exit_during_startup() -> None:
+    """From the first instruction of the entry point of a command that writes no report: a
+    SIGINT or SIGTERM before :func:`end_startup` prints ``interrupted (SIGTERM during
+    start-up)`` and exits 128 + the signal at once. Ignored signals stay ignored; main thread
+    only; nothing when a start-up mode is on already."""
+    st = _state
+    if not _main() or st.startup is not None or st.startup_old is not None:
+        return
+    st.startup_old = {sig: signal.signal(sig, _exit_at_startup) for sig in SIGNALS
+                      if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
+def holding_startup() -> bool:
+    """True while :func:`hold_startup`'s hold is on."""
+    return _state.startup is not None
+
+
+def end_startup() -> None:
+    """End the start-up mode (nothing when none is on). :func:`hold_startup`'s: the handlers the
+    process had before come back unless a :func:`handling` block that started meanwhile keeps
+    this module's; :func:`exit_during_startup`'s: the handlers it replaced come back.
+
+    Raises:
+        RunInterrupted: a signal came while the hold was on (stage :data:`STARTUP`); raised
+            once, so the caller can write its report with signals held.
+    """
+    st = _state
+    old, st.startup_old = st.startup_old, None
+    for sig, handler in (old or {}).items():
+        signal.signal(sig, handler)
+    hold, st.startup = st.startup, None
+    if hold is not None:
+        hold.close()
 
 
 def _exit_now(signum: int, _frame: object) -> None:

@@ -15,7 +15,11 @@ only if it is a regular file of at most :data:`MAX_FILE_BYTES`; while the YAML i
 nesting depth (:data:`MAX_DEPTH`), the number of aliases (:data:`MAX_ALIASES`) and the number
 of values the document holds once every alias is expanded (:data:`MAX_VALUES`, which stops a
 "billion laughs" file) are counted, and an alias to a node that contains it (a cycle) is an
-error at the alias's line. Paths are checked by :func:`path_problem` without raising.
+error at the alias's line. Paths are checked by :func:`path_problem` without raising. Every
+exception the YAML layer can raise on hostile input is a ConfigError: a value that its tag does
+not accept (``!!bool maybe``, ``!!int zz``, ``!!timestamp foo``, ``!!null x``: bare KeyError,
+ValueError, AttributeError or IndexError in PyYAML) at the value's line and column. Inside
+:func:`foreign_file` (stack files) and with ``quote_values=False``, no error quotes the file.
 """
 
 from __future__ import annotations
@@ -271,8 +275,10 @@ class _MarkingLoader(yaml.SafeLoader):
     While composing it counts the nesting depth, the aliases and the values the document holds
     with every alias expanded (each node's expanded size is memoised, so the count costs one
     pass over the distinct nodes); an alias to a node still being composed is a cycle. Stock
-    SafeLoader raises a bare ValueError for a timestamp-shaped scalar that is not a real date
-    (``2024-02-30``); here it becomes a YAML error with the scalar's position.
+    SafeLoader raises bare Python exceptions for a value its tag does not accept (``!!bool
+    maybe``: KeyError; ``!!int zz``, ``!!float 1e``, ``2024-02-30``: ValueError; ``!!timestamp
+    foo``: AttributeError; ``!!float`` empty: IndexError); here each becomes a YAML error at the
+    value's position saying what the tag expects, and ``!!null`` with a value is one too.
     """
 
     def __init__(self, stream: str) -> None:
@@ -330,17 +336,57 @@ class _MarkingLoader(yaml.SafeLoader):
         self._sizes[id(node)] = (1 + sum(k[0] for k in kids), 1 + max((k[1] for k in kids), default=0))
         return node
 
-    def construct_yaml_timestamp(self, node):  # noqa: D401 - yaml constructor hook
+    def construct_object(self, node, deep=False):  # noqa: D401 - yaml constructor hook
+        """Stock constructors raise bare KeyError / ValueError / IndexError / AttributeError for
+        a tagged value that does not construct (``!!bool maybe``, ``!!int zz``, ``!!float 1e``,
+        ``!!timestamp foo``, an integer of more than 4300 digits): here every such failure is
+        a ConstructorError at the value's position, saying what the tag expects."""
         try:
-            return super().construct_yaml_timestamp(node)
-        except (ValueError, OverflowError) as exc:
-            what = "" if _FOREIGN.get() else f" {node.value!r}"
-            raise yaml.constructor.ConstructorError(
-                None, None, f"invalid date/time{what}: {exc}", node.start_mark
-            ) from None
+            return super().construct_object(node, deep=deep)
+        except (yaml.YAMLError, RecursionError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any constructor failure is the file's fault
+            raise yaml.constructor.ConstructorError(None, None, _bad_value_message(node, exc), node.start_mark) from None
+
+    def construct_yaml_null(self, node):  # noqa: D401 - yaml constructor hook
+        value = self.construct_scalar(node)
+        if value not in _NULLS:  # `!!null x` would silently drop x
+            raise ValueError("a value given to !!null")
+        return None
 
 
-_MarkingLoader.add_constructor("tag:yaml.org,2002:timestamp", _MarkingLoader.construct_yaml_timestamp)
+_NULLS = ("", "~", "null", "Null", "NULL")
+_TAGS = "tag:yaml.org,2002:"
+#: What a standard tag's value must look like (YAML 1.1 types, https://yaml.org/type/).
+_EXPECTED = {
+    "bool": "expected true or false (also yes/no/on/off)",
+    "int": "expected an integer (decimal, 0x hex, 0o or 0 octal, 0b binary, at most 4300 digits)",
+    "float": "expected a number (1.5, 1e3, .inf, .nan)",
+    "timestamp": "expected a date (YYYY-MM-DD) or a date and time (YYYY-MM-DDTHH:MM:SS, an offset up to 23:59)",
+    "null": "expected no value (null, ~ or nothing)",
+    "binary": "expected base64 text",
+}
+
+
+def _bad_value_message(node: yaml.Node, exc: BaseException) -> str:
+    """What a YAML value that its tag's constructor refused should have been, for an error at
+    its position: ``invalid !!bool value 'maybe': expected true or false ...``. The value is
+    quoted (at most 60 characters) only outside :func:`foreign_file`."""
+    tag = str(node.tag or "")
+    short = tag[len(_TAGS):] if tag.startswith(_TAGS) else tag
+    shown = f"!!{short}" if tag.startswith(_TAGS) else (tag or "untagged")
+    what = ""
+    if not _FOREIGN.get() and isinstance(node, yaml.ScalarNode):
+        what = f" {_short(node.value)!r}" if isinstance(node.value, str) else ""
+    if short == "timestamp":
+        why = _EXPECTED["timestamp"] if isinstance(exc, (AttributeError, IndexError)) else f"{exc}"
+        return f"invalid date/time{what}: {why}"
+    if short == "int" and "Exceeds the limit" in str(exc):
+        return f"invalid !!int value{what}: more than 4300 digits"
+    return f"invalid {shown} value{what}: {_EXPECTED.get(short, 'it does not construct')}"
+
+
+_MarkingLoader.add_constructor("tag:yaml.org,2002:null", _MarkingLoader.construct_yaml_null)
 
 
 def load_yaml(path: str | Path, *, display: str | None = None) -> tuple[Any, Locator]:
@@ -358,7 +404,8 @@ def load_yaml(path: str | Path, *, display: str | None = None) -> tuple[Any, Loc
         ConfigError: the path is unusable (see :func:`path_problem`: too long, a folder, a
             device or FIFO, unreadable, over :data:`MAX_FILE_BYTES`), the file is not UTF-8, is
             not valid YAML (line and column set), has more than one document, a duplicate key in
-            a mapping, a cyclic alias, or crosses a bound (depth, aliases, expanded values).
+            a mapping, a cyclic alias, a value its tag does not accept (``!!bool maybe``, at
+            its line and column), or crosses a bound (depth, aliases, expanded values).
     """
     name = display if display is not None else display_path(path)
     problem = path_problem(path)
@@ -606,7 +653,9 @@ def _short(value: Any, limit: int = 60) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def _message(err: Mapping[str, Any]) -> str:
+def _message(err: Mapping[str, Any], quote: bool = True) -> str:
+    """One pydantic error as a line a user can act on; ``quote=False``: nothing of the input
+    (no "(got ...)", no unknown tag), only what was expected."""
     typ = err.get("type", "")
     msg = str(err.get("msg", "invalid"))
     for prefix in ("Value error, ", "Assertion failed, "):
@@ -621,10 +670,13 @@ def _message(err: Mapping[str, Any]) -> str:
     inp = err.get("input", None)
     ctx = err.get("ctx") or {}
     if typ == "union_tag_invalid":
+        tag = f" {ctx.get('tag')!r}" if quote else ""
         return (
-            f"unknown {str(ctx.get('discriminator', 'tag')).strip(chr(39))} "
-            f"{ctx.get('tag')!r}; expected one of: {ctx.get('expected_tags')}"
+            f"unknown {str(ctx.get('discriminator', 'tag')).strip(chr(39))}{tag}; "
+            f"expected one of: {ctx.get('expected_tags')}"
         )
+    if not quote:
+        return msg
     if typ == "union_tag_not_found":
         return f"required key {str(ctx.get('discriminator', 'tag')).strip(chr(39))!r} is missing"
     if typ.startswith("union_tag") or typ in ("model_type", "dict_type", "list_type"):
@@ -641,11 +693,13 @@ def validation_problems(
     data: Any = None,
     *,
     skip_types: Iterable[str] = (),
+    quote_values: bool = True,
 ) -> list[ConfigError]:
     """Every problem of a pydantic ValidationError on YAML data, one ConfigError each (file,
     line, field, message), in pydantic's order; errors of a type in ``skip_types`` are left
     out. Arguments otherwise as :func:`config_error_from_validation`."""
     skip = set(skip_types)
+    quote = quote_values and not _FOREIGN.get()
     # Group by location: a plain union reports one error per member type at the same place.
     grouped: dict[tuple[int | None, str | None], list[str]] = {}
     for err in exc.errors(include_url=False):
@@ -654,7 +708,7 @@ def validation_problems(
         loc = err.get("loc", ())
         path = _data_path(loc, data, err.get("type", "")) if data is not None else tuple(loc)
         key = (locator.line_of(path), format_path(path) or None)
-        msg = _message(err)
+        msg = _message(err, quote)
         if msg not in grouped.setdefault(key, []):
             grouped[key].append(msg)
     return [ConfigError(str(file), line, fld, "; or ".join(msgs)) for (line, fld), msgs in grouped.items()]
@@ -669,7 +723,8 @@ def combine_problems(problems: Sequence[ConfigError]) -> ConfigError:
 
 
 def config_error_from_validation(
-    file: str | Path, exc: pydantic.ValidationError, locator: Locator, data: Any = None
+    file: str | Path, exc: pydantic.ValidationError, locator: Locator, data: Any = None, *,
+    quote_values: bool = True,
 ) -> ConfigError:
     """Turn a pydantic ValidationError on YAML data into a ConfigError.
 
@@ -679,14 +734,18 @@ def config_error_from_validation(
         locator: from :func:`load_yaml` for the same data.
         data: the data that was validated; used to drop pydantic's union/tag steps from the
             path. Without it the raw ``loc`` is shown.
+        quote_values: show the value a problem is about ("(got 3)"); False (and inside
+            :func:`foreign_file`): name the key and what was expected only, for files that may
+            be any file on the host (stack files).
 
     Returns:
         A ConfigError whose file/line/field/message describe the first problem and whose
         ``problems`` lists every problem, one ``file:line: field: message`` line each.
     """
-    problems = validation_problems(file, exc, locator, data)
+    problems = validation_problems(file, exc, locator, data, quote_values=quote_values)
     if not problems:
-        problems = [ConfigError(str(file), locator.line_of(()), None, str(exc))]
+        problems = [ConfigError(str(file), locator.line_of(()), None,
+                                str(exc) if quote_values and not _FOREIGN.get() else "invalid")]
     return combine_problems(problems)
 
 

@@ -2,12 +2,12 @@
 """`kvchaos validate` on hypothesis mutations of the shipped scenario and stack files, each case
 in its own process (forked from a warmed-up one), with a time and a memory bound per case.
 
-    .venv/bin/python scripts/fuzz_validate.py [--scenarios 3000] [--stacks 500] [--seed 13]
+    .venv/bin/python scripts/fuzz_validate.py [--scenarios 3000] [--stacks 500] [--markers 500] [--seed 13]
         [--timeout-s 5] [--memory-mib 200] [--json reports/fuzz/summary.json]
 
 A case fails when `validate` exits other than 0 or 2, prints a traceback, an exit-2 line that
 names neither one of the case's files and a line nor a whole-file reason, the text of a canary
-file named by ``stack:``, runs longer than --timeout-s, or peaks above --memory-mib resident
+file named by ``stack:``, a marker value of a stack file (marker cases), runs longer than --timeout-s, or peaks above --memory-mib resident
 (the child's own ru_maxrss, which includes the interpreter and kvchaos: ~50 MiB). Mutations and
 the rule: tests/fuzzing.py. Exit code 0 when no case failed. `make fuzz` runs it.
 """
@@ -33,10 +33,11 @@ import fuzzing  # noqa: E402
 
 
 def run(kind: str, n: int, args, stats: dict, work_root: Path) -> None:
-    strategy = fuzzing.scenario_case if kind == "scenario" else fuzzing.stack_case
+    strategy = {"scenario": fuzzing.scenario_case, "stack": fuzzing.stack_case,
+                "marker": fuzzing.marker_stack_case}[kind]
     rec = stats[kind] = {"cases": 0, "exit_0": 0, "exit_2": 0, "failures": [], "seconds": [], "rss_kib": []}
 
-    @seed(args.seed + (0 if kind == "scenario" else 1))
+    @seed(args.seed + {"scenario": 0, "stack": 1, "marker": 2}[kind])
     @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(data=st.data())
@@ -79,10 +80,15 @@ def summary(rec: dict) -> dict:
             "failures": rec["failures"][:20]}
 
 
+KINDS = ("scenario", "stack", "marker")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", type=int, default=3000)
     ap.add_argument("--stacks", type=int, default=500)
+    ap.add_argument("--markers", type=int, default=500,
+                    help="stack files whose values carry marker strings (none may be printed)")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--timeout-s", type=float, default=5.0)
     ap.add_argument("--memory-mib", type=int, default=200)
@@ -94,11 +100,12 @@ def main() -> int:
     work_root = Path(tempfile.mkdtemp(prefix="kvchaos-fuzz-"))
     run("scenario", args.scenarios, args, stats, work_root)
     run("stack", args.stacks, args, stats, work_root)
+    run("marker", args.markers, args, stats, work_root)
     out = {"seed": args.seed, "wall_s": round(time.monotonic() - t0, 1), "timeout_s": args.timeout_s,
            "memory_mib": args.memory_mib, **{k: summary(v) for k, v in stats.items()}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
-    for kind in ("scenario", "stack"):
+    for kind in KINDS:
         s = out[kind]
         print(f"{kind} mutations: {s['cases']} cases, exit 0: {s['exit_0']}, exit 2: {s['exit_2']}, failing: "
               f"{s['failing']}; seconds median {s['seconds']['median']:.3f} p99 {s['seconds']['p99']:.3f} max "
@@ -107,7 +114,7 @@ def main() -> int:
         for f in s["failures"]:
             print(f"  FAIL {f['case']}: {'; '.join(f['why'])}")
     print(f"wall time {out['wall_s']} s; summary: {args.json}; failing cases kept under {work_root}/failures")
-    failing = sum(out[k]["failing"] for k in ("scenario", "stack"))
+    failing = sum(out[k]["failing"] for k in KINDS)
     if not failing:
         shutil.rmtree(work_root, ignore_errors=True)
     return 1 if failing else 0

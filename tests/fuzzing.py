@@ -6,7 +6,11 @@ process with a time and memory bound).
 The rule: exit 0, or exit 2 where every error line names one of the case's files and a line
 (``file:line: ...``), or names a file and a reason that concerns the whole file (not found, a
 folder, too large, not a scenario file, ...); never a traceback, never another exit code, never
-the text of a file named by ``stack:`` (a canary file checks that).
+the text of a file named by ``stack:`` (a canary file checks that), never a value of a stack
+file (a stack file whose values are marker strings checks that: the markers must not be printed).
+
+Among the mutations: YAML tags with values they do not accept (``!!bool maybe``, ``!!int zz``,
+``!!float 1e``, ``!!timestamp foo``, ``!!null x``, an integer of more than 4300 digits, ...).
 """
 
 from __future__ import annotations
@@ -28,6 +32,17 @@ REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
 STACKS = sorted((REPO / "compose").glob("*.yml"))
 CANARY = "kvchaos-fuzz-canary-7Hq2"
+#: Stack-file values a marker case writes; none may appear in any output.
+MARKER = "kvmark-9Zr4"
+MARKER_INT = 7351973
+MARKERS = (MARKER, str(MARKER_INT))
+
+#: Standard YAML tags given values their constructors refuse (each was a KeyError, ValueError,
+#: IndexError or AttributeError traceback before chaos/yamlsource.py turned them into file:line).
+BAD_TAGGED = ["!!bool maybe", "!!int zz", "!!float 1e", "!!timestamp foo", "!!timestamp 2024-13-01",
+              "!!null x", "!!int 0x", "!!int 0b", "!!int 1:x", "!!float 1:x", "!!float ''", "!!bool ''",
+              "!!int +", "!!binary \u00e9", "!!timestamp 2024-01-01T00:00:00+24:00", "9" * 4400,
+              "!!str {a: 1}", "!!set x", "!!omap [1]", "!<tag:yaml.org,2002:int> zz"]
 
 #: Messages that may name a file without a line: they concern the whole file or path.
 WHOLE_FILE = re.compile(
@@ -47,11 +62,15 @@ TOKENS = [":", ": ", "- ", "-", "[", "]", "{", "}", ",", "&a ", "*a", "*b", "&b 
           "!!python/object:os.system ", "!!binary ", "!!set ", "!!omap ", "? ", "|", ">", '"', "'", "\t",
           "#", "\n", "  ", "    ", "%YAML 1.1\n", "---\n", "...\n", "~", "null", "true", "1e999", "-0",
           "0x1F", "2024-02-30", "12:30:00", ".inf", ".nan", "\\", "\u00e9", "\u200b", "\x00", "\x07",
-          "\ufeff", "9" * 40, "x" * 300, "${ENGINE_PORT}", "${UNSET_VAR:?boom}", "$${X}", "${", "}"]
+          "\ufeff", "9" * 40, "x" * 300, "${ENGINE_PORT}", "${UNSET_VAR:?boom}", "$${X}", "${", "}"] + \
+    [t + " " for t in BAD_TAGGED]
 
 HOSTILE_PATHS = ["/etc/shadow", "/etc/passwd", "/etc", "/dev/zero", "/dev/null", "/proc/self/environ",
                  "/proc/self/mem", ".", "..", "", "~", "b" * 300 + ".yml", "/a" * 2100, '"x\\0y.yml"',
                  "missing.yml", "compose", "../scenarios", "stack.yml/x.yml", "/nonexistent/dir/s.yml"]
+
+
+_KEY_VALUE = re.compile(r"^(\s*(?:- )?[A-Za-z_][\w-]*: )\S.*$")
 
 
 def bomb(levels: int, width: int) -> str:
@@ -64,7 +83,7 @@ def bomb(levels: int, width: int) -> str:
 def text_mutation(draw, text: str) -> str:
     lines = _lines_of(text)
     op = draw(st.sampled_from(["insert", "delete", "dup_line", "swap", "indent", "replace_line", "truncate",
-                               "bomb", "cycle", "deep", "tokens"]))
+                               "bomb", "cycle", "deep", "tokens", "bad_tag", "bad_tag"]))
     pos = draw(st.integers(0, len(text)))
     i = draw(st.integers(0, len(lines) - 1))
     if op == "insert":
@@ -89,6 +108,13 @@ def text_mutation(draw, text: str) -> str:
         return "".join(lines)
     if op == "truncate":
         return text[:pos]
+    if op == "bad_tag":  # a `key: value` line's value replaced by a tagged value that does not construct
+        keyed = [j for j, ln in enumerate(lines) if _KEY_VALUE.match(ln)]
+        if not keyed:
+            return text
+        j = draw(st.sampled_from(keyed))
+        lines[j] = _KEY_VALUE.match(lines[j]).group(1) + draw(st.sampled_from(BAD_TAGGED)) + "\n"
+        return "".join(lines)
     if op == "bomb":
         return text + "x-bomb:\n" + "".join("  " + ln + "\n" for ln in bomb(draw(st.integers(3, 9)),
                                                                          draw(st.integers(2, 12))).splitlines())
@@ -175,6 +201,7 @@ class Case:
     scenario: Path
     stack: Path | None = None
     canary: Path | None = None
+    markers: tuple[str, ...] = ()
 
 
 def _with_stack(text: str, stack: str) -> str:
@@ -212,6 +239,53 @@ def stack_case(draw, workdir: Path) -> Case:
     return Case(workdir, path, stack=stack)
 
 
+#: Values a marker case puts into a stack file: each carries a marker, in the shapes that reach
+#: the loader's error paths (a wrong type, a bad duration, address, selector, health check,
+#: interpolation, service reference, ...).
+marker_values = st.sampled_from([
+    MARKER, MARKER_INT, -MARKER_INT, f"{MARKER}:{MARKER_INT}", f"127.0.0.1:{MARKER_INT}", f"{MARKER}:1",
+    f"${{{MARKER}", f"{MARKER}${{", f"${{UNSET_{MARKER_INT}:?{MARKER}}}", f"${{X:?{MARKER}}}", f"$${{{MARKER}}}",
+    f"${{-{MARKER}}}", f'{MARKER}{{le="x"}}', f'up{{a=~"{MARKER}("}}', f"{MARKER}s", f"1m{MARKER}", f"-{MARKER_INT}s",
+    [MARKER], [MARKER, MARKER_INT], [f"CMD-{MARKER}"], ["CMD-SHELL", MARKER, MARKER], {"test": [MARKER]},
+    {"condition": MARKER}, {"test": MARKER, "interval": MARKER}, {"listen": MARKER, "upstream": MARKER},
+    True, 1.5, None, [], {},
+])
+MARKER_TAGS = ["!!bool", "!!int", "!!float", "!!timestamp", "!!null", "!!binary"]
+
+
+@st.composite
+def marker_stack_case(draw, workdir: Path) -> Case:
+    """A shipped stack file with 1-6 of its values (never its keys) replaced by values carrying
+    marker strings, sometimes a value given a tag it does not accept (``!!int kvmark-...``);
+    named by a shipped scenario's ``stack:``. No marker may be printed: a stack file's values
+    are never quoted (the key and what was expected are)."""
+    from chaos.yamlsource import load_yaml_text
+
+    src = draw(st.sampled_from(STACKS))
+    data, _ = load_yaml_text(src.read_text())
+    for _ in range(draw(st.integers(1, 6))):
+        paths = [p for p in yaml_paths(data) if p]
+        path = draw(st.sampled_from(paths))
+        parent = data
+        for step in path[:-1]:
+            parent = parent[step]
+        parent[path[-1]] = copy.deepcopy(draw(marker_values))
+    text = yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
+    if draw(st.booleans()):
+        lines = _lines_of(text)
+        keyed = [j for j, ln in enumerate(lines) if _KEY_VALUE.match(ln)]
+        if keyed:
+            j = draw(st.sampled_from(keyed))
+            lines[j] = _KEY_VALUE.match(lines[j]).group(1) + f"{draw(st.sampled_from(MARKER_TAGS))} {MARKER}\n"
+            text = "".join(lines)
+    stack = workdir / src.name
+    _write(stack, text)
+    scenario = draw(st.sampled_from(SCENARIOS))
+    path = workdir / scenario.name
+    path.write_text(_with_stack(scenario.read_text(), str(stack)))
+    return Case(workdir, path, stack=stack, markers=MARKERS)
+
+
 def _write(path: Path, text: str) -> None:
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
 
@@ -226,6 +300,9 @@ def problems_with(case: Case, exit_code: int, output: str) -> list[str]:
         bad.append("a traceback")
     if case.canary is not None and CANARY in output:
         bad.append("the text of a file named by stack: was printed")
+    for marker in case.markers:
+        if marker in output:
+            bad.append(f"a value of the stack file ({marker}) was printed")
     files = {str(case.scenario)} | ({str(case.stack)} if case.stack else set())
     errors = [ln for ln in output.splitlines() if ln.strip() and not ln.endswith(": ok")]
     if exit_code == 2 and not errors:

@@ -117,6 +117,39 @@ def interrupted_result(scenario: Scenario, run_id: str, run_dir: Path, exc: RunI
     return _result_without_run(scenario, run_id, run_dir, history=history, interrupted=info)
 
 
+def interrupted_before_start(scenarios: list[Scenario], opts: SuiteOptions,
+                             exc: RunInterrupted) -> tuple[list[RunResult], Path]:
+    """The reports of a suite a signal stopped before it started (while `kvchaos run` imported
+    its modules or validated the files): every scenario gets a result with verdict
+    ``interrupted`` (nothing ran; stage ``exc.stage``, "start-up" when unnamed) and the suite
+    report is written, as :func:`run_suite` writes them.
+
+    Args:
+        scenarios: the scenarios validated so far (may be empty: the suite report still says
+            interrupted).
+        opts: the suite's options (report_dir, run_id_prefix).
+        exc: the signal; its stage is set to "start-up" when it has none.
+
+    Returns:
+        ``(results, suite_dir)`` like :func:`run_suite`.
+
+    Raises:
+        OSError: a report cannot be written.
+    """
+    if exc.stage is None:
+        exc.stage = interrupts.STARTUP
+    suite_id = new_run_id(opts.run_id_prefix + "suite")
+    suite_dir = opts.report_dir / suite_id
+    results = []
+    for scenario in scenarios:
+        run_id = new_run_id(opts.run_id_prefix + scenario.name)
+        run_dir = opts.report_dir / run_id
+        results.append(interrupted_result(scenario, run_id, run_dir, exc))
+    info = InterruptInfo(signal=exc.signal_name, exit_code=exc.exit_code, stage=exc.stage)
+    write_suite(suite_dir, suite_id, results, interrupted=info)
+    return results, suite_dir
+
+
 def _result_without_run(scenario: Scenario, run_id: str, run_dir: Path, *, history: list | None = None,
                         error: str | None = None, interrupted: InterruptInfo | None = None) -> RunResult:
     history = history or []

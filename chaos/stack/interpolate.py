@@ -23,12 +23,15 @@ class InterpolationError(ValueError):
 
     Attributes:
         variable: the variable's name ("" for a syntax error).
-        message: what to tell the user.
+        message: what to tell the user (quotes the text and the ``:?`` message).
+        unquoted: the same without any of the text (no name, no message): for a stack file,
+            which a scenario's ``stack:`` may aim at any file on the host.
     """
 
-    def __init__(self, variable: str, message: str) -> None:
+    def __init__(self, variable: str, message: str, unquoted: str | None = None) -> None:
         self.variable = variable
         self.message = message
+        self.unquoted = unquoted or message
         super().__init__(message)
 
 
@@ -46,7 +49,7 @@ def _braced_end(text: str, start: int) -> int:
             if depth == 0:
                 return i
         i += 1
-    raise InterpolationError("", f"unclosed '${{' in {text!r}")
+    raise InterpolationError("", f"unclosed '${{' in {text!r}", "unclosed '${' (a '}' is missing)")
 
 
 def interpolate(text: str, env: Mapping[str, str]) -> str:
@@ -77,7 +80,9 @@ def interpolate(text: str, env: Mapping[str, str]) -> str:
         if text.startswith("${", i):
             m = _BRACED_HEAD.match(text, i)
             if not m:
-                raise InterpolationError("", f"invalid interpolation format in {text!r}")
+                raise InterpolationError("", f"invalid interpolation format in {text!r}",
+                                         "invalid interpolation format: '${' must be followed by a variable "
+                                         "name and then '}', ':-', '-', ':?' or '?' ('$$' is a literal '$')")
             name, op = m.group(1), m.group(2)
             end = _braced_end(text, m.end())
             arg = text[m.end():end]
@@ -91,7 +96,8 @@ def interpolate(text: str, env: Mapping[str, str]) -> str:
                 missing = value is None or (op == ":?" and value == "")
                 if missing:
                     msg = interpolate(arg, env) or "is required"
-                    raise InterpolationError(name, f"variable {name} {msg}".strip())
+                    raise InterpolationError(name, f"variable {name} {msg}".strip(),
+                                             "a variable this value requires (${NAME:?...}) is not set")
                 out.append(value)
             i = end + 1
             continue

@@ -9,8 +9,14 @@ default port free and pick it. Each stack therefore claims the ports it picks:
   (``/tmp/kvchaos-port-claims``, mode 1777, or ``$KVCHAOS_PORT_CLAIMS_DIR``), not under the state
   dir, so runs with different ``KVCHAOS_STATE_DIR`` and different users see each other's claims;
 - the lock belongs to the open file, so it ends with the claiming process however that ends
-  (no stale claims, no pid reuse); files are never deleted (a delete could let two processes
-  lock two different files of one name);
+  (no stale claims, no pid reuse: a live holder always holds its lock, whatever its pid);
+- the module uses the standard library only (a test runs it as another user, on its own);
+- a claim file is deleted only by a process that holds its lock and has checked that the name
+  still names the file it locked (inode): a release deletes its own, and :func:`remove_stale`
+  (once per process before the first pick, and ``kvchaos cleanup``) deletes those whose lock
+  nobody holds, i.e. whose holder ended (killed runs). A claimer that opened a file just before
+  it was deleted finds, once it holds the lock, that the name no longer names its file, and
+  claims again on a fresh one, so two processes never hold two files of one name;
 - one process may claim for several stacks: a claim has an ``owner`` (the stack's run dir), and
   a port one owner holds is refused to another;
 - claim files are made mode 0666 whatever the creator's umask, so that another user can lock
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["claim", "release", "holder", "owned", "claims_dir", "pick_port", "ephemeral_range", "is_free",
-           "release_all"]
+           "release_all", "remove_stale"]
 
 _DEFAULT_DIR = "/tmp/kvchaos-port-claims"
 _lock = threading.Lock()
@@ -51,6 +57,7 @@ class _Held:
 
 
 _held: dict[int, _Held] = {}
+_swept = False  # remove_stale ran in this process (pick_port runs it once)
 
 
 def claims_dir() -> Path:
@@ -148,14 +155,79 @@ def _open_claim(path: Path) -> tuple[int | None, bool]:
 
 
 def release(ports: list[int], owner: str | None = None) -> None:
-    """Drop the claims ``owner`` (default: this process) holds on ``ports``."""
+    """Drop the claims ``owner`` (default: this process) holds on ``ports``; their claim files
+    are deleted while still locked (:func:`_unlink_locked`)."""
     owner = owner or _default_owner()
     with _lock:
         for port in ports:
             held = _held.get(port)
             if held is not None and held.owner == owner:
                 del _held[port]
-                os.close(held.fd)  # closing the file ends the lock
+                try:
+                    _unlink_locked(held.fd, claims_dir() / str(port))
+                finally:
+                    os.close(held.fd)  # closing the file ends the lock
+
+
+def _unlink_locked(fd: int, path: Path) -> bool:
+    """Delete ``path`` if it still names the file ``fd`` has open; the caller holds ``fd``'s
+    lock. Returns whether it was deleted (not: replaced meanwhile, gone, or another user's
+    file in a sticky folder)."""
+    try:
+        mine, now = os.fstat(fd), os.stat(path)
+        if (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino):
+            return False
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def remove_stale() -> tuple[int, int]:
+    """Delete the claim files whose lock nobody holds (their holder ended: a killed run leaves
+    its files behind); a held claim's file is never touched, nor this process's own.
+
+    Each file is locked first (non-blocking; held by a live process: kept) and deleted only
+    while locked and still the file its name names, so a claimer racing the delete claims again
+    on a fresh file (see :func:`claim`). Files this user cannot open or delete (another user's,
+    in a sticky folder) are kept.
+
+    Returns:
+        ``(removed, kept)``: counts of claim files.
+    """
+    global _swept
+    _swept = True
+    try:
+        d = claims_dir()
+        names = [n for n in os.listdir(d) if n.isdigit()]
+    except OSError:
+        return 0, 0
+    removed = kept = 0
+    for name in names:
+        with _lock:
+            if int(name) in _held:
+                kept += 1
+                continue
+            path = d / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                kept += 1
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held (BlockingIOError): a live claim
+                os.close(fd)
+                kept += 1
+                continue
+            try:
+                if _unlink_locked(fd, path):
+                    removed += 1
+                else:
+                    kept += 1
+            finally:
+                os.close(fd)
+    return removed, kept
 
 
 def release_all(owner: str | None = None) -> None:
@@ -244,6 +316,8 @@ def pick_port(owner: str | None = None, avoid: set[int] | None = None, host: str
     """
     rng = rng or random.SystemRandom()
     avoid = avoid or set()
+    if not _swept:
+        remove_stale()
     low, _ = ephemeral_range()
     start = 20000 if low > 21000 else 1024
     for _ in range(200):

@@ -23,10 +23,10 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.prometheus import check_selectors, parse_selector
+from chaos.prometheus import parse_selector
 from chaos.stack.capabilities import CAPABILITIES, DERIVED, VARIABLE_PREFIX, variable_need
 from chaos.stack.interpolate import InterpolationError, defaults_in, interpolate_data, variables_in
-from chaos.yamlsource import (ConfigError, Locator, config_error_from_validation, format_path, kind_of,
+from chaos.yamlsource import (ConfigError, Locator, config_error_from_validation, foreign_file, format_path, kind_of,
                               load_yaml)
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m(?!s))?\s*"
@@ -68,21 +68,35 @@ def parse_compose_duration(value: Any) -> float:
         ValueError: not a duration, or negative.
     """
     if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
+        raise ValueError("not a duration: a boolean (use e.g. 500ms, 2s, 1m30s)")
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ValueError(f"negative duration: {value!r}")
+            raise ValueError("negative duration")
         return float(value)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 2s, 1m30s)")
+        raise ValueError("not a duration: expected a number of seconds or a text like 500ms, 2s, 1m30s")
     m = _DURATION.match(value)
     if not m or not any(m.groups()):
-        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 2s, 1m30s)")
+        raise ValueError("not a duration: expected a text like 500ms, 2s, 1m30s")
     h, mi, s, ms, us = (float(g) if g else 0.0 for g in m.groups())
     return h * 3600 + mi * 60 + s + ms / 1e3 + us / 1e6
 
 
 Seconds = float
+
+
+def _check_selector(text: str, where: str = "") -> None:
+    """:func:`chaos.prometheus.parse_selector` with a message that does not quote ``text`` (a
+    stack file's values are never shown).
+
+    Raises:
+        ValueError: ``text`` is not a selector.
+    """
+    try:
+        parse_selector(text)
+    except ValueError:
+        raise ValueError(f'{where}not a Prometheus selector (use name or name{{label="v"}}; matchers =, !=, '
+                         "=~, !~ with a valid regex)") from None
 
 
 class HealthCheck(BaseModel):
@@ -113,7 +127,7 @@ class HealthCheck(BaseModel):
         if not v:
             raise ValueError("empty health check test")
         if v[0] not in ("CMD", "CMD-SHELL", "NONE"):
-            raise ValueError(f'test must start with "CMD", "CMD-SHELL" or "NONE", got {v[0]!r}')
+            raise ValueError('test must start with "CMD", "CMD-SHELL" or "NONE"')
         if v[0] == "CMD" and len(v) < 2:
             raise ValueError('"CMD" needs a command after it')
         if v[0] == "CMD-SHELL" and (len(v) != 2 or not v[1].strip()):
@@ -267,7 +281,7 @@ class Link(BaseModel):
     def _hostport(cls, v: str) -> str:
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError(f"expected host:port, got {v!r}")
+            raise ValueError("expected host:port (a port from 0 to 65535)")
         return v
 
 
@@ -309,7 +323,8 @@ class LeakSource(BaseModel):
     @model_validator(mode="after")
     def _selectors(self) -> LeakSource:
         if self.format == "prometheus":
-            check_selectors(self.fields)
+            for name, selector in self.fields.items():
+                _check_selector(selector, f"fields.{name}: ")
         return self
 
 
@@ -334,7 +349,7 @@ class EngineMetrics(BaseModel):
     @field_validator("*")
     @classmethod
     def _selector(cls, v: str) -> str:
-        parse_selector(v)
+        _check_selector(v)
         return v
 
 
@@ -391,14 +406,16 @@ class KvchaosSettings(BaseModel):
     @field_validator("capabilities")
     @classmethod
     def _known_capabilities(cls, v: list[str]) -> list[str]:
-        for name in v:
+        # Only known names are quoted: the rest is the file's, and a stack file is never quoted.
+        for i, name in enumerate(v):
             if name in DERIVED:
-                raise ValueError(f"{name!r} is not declared by hand: set x-kvchaos.{DERIVED[name]} instead")
+                raise ValueError(f"item {i}: {name!r} is not declared by hand: set x-kvchaos.{DERIVED[name]} instead")
             if name.startswith(VARIABLE_PREFIX):
-                raise ValueError(f"{name!r}: a variable is a capability when the file reads it "
-                                 "(${NAME:-default}); do not list it")
+                raise ValueError(f"item {i}: a {VARIABLE_PREFIX}... name: a variable is a capability when the "
+                                 "file reads it (${NAME:-default}); do not list it")
             if name not in CAPABILITIES:
-                raise ValueError(f"unknown capability {name!r}; known: {', '.join(sorted(set(CAPABILITIES) - set(DERIVED)))}")
+                raise ValueError(f"item {i}: unknown capability; known: "
+                                 f"{', '.join(sorted(set(CAPABILITIES) - set(DERIVED)))}")
         return v
 
 
@@ -647,8 +664,17 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
             file and line, and the service where there is one.
         StackError: a set ``*_PORT`` variable names a port another kvchaos stack claims.
         OSError: no free port could be claimed (chaos/stack/ports.py ``pick_port``).
+
+    No error quotes a value of the file (only keys, lines and what was expected), since a
+    scenario's ``stack:`` may name any file on the host.
     """
-    path = Path(path)
+    with foreign_file():  # nothing of the file is quoted: a scenario's `stack:` may name any file
+        return _load_stack(Path(path), environ=environ, run_dir=run_dir, require_commands=require_commands,
+                           allocate_ports=allocate_ports, refuse_claimed=refuse_claimed)
+
+
+def _load_stack(path: Path, *, environ: dict[str, str] | None, run_dir: Path | None, require_commands: bool,
+                allocate_ports: bool, refuse_claimed: bool) -> StackSpec:
     name = str(path)
     raw, locator = load_yaml(path)
     if not isinstance(raw, dict) or "services" not in raw:
@@ -661,7 +687,7 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
     problems: list[ConfigError] = []
 
     def bad_var(p: tuple, exc: InterpolationError) -> None:
-        problems.append(ConfigError(name, locator.line_of(p), format_path(p), exc.message))
+        problems.append(ConfigError(name, locator.line_of(p), format_path(p), exc.unquoted))
 
     data = interpolate_data(raw, env, on_error=bad_var)
     if problems:
@@ -669,13 +695,14 @@ def load_stack(path: str | Path, *, environ: dict[str, str] | None = None,
     try:
         file = StackFile.model_validate(data)
     except pydantic.ValidationError as exc:
-        raise config_error_from_validation(name, exc, locator, data) from None
+        # Key and expected type only: a scenario's `stack:` may name any file on the host.
+        raise config_error_from_validation(name, exc, locator, data, quote_values=False) from None
     spec = StackSpec(path, file, env, locator, variables_read=variables_in(raw))
 
     for svc_name, svc in file.services.items():
         for dep in svc.dependencies():
             if dep not in file.services:
-                raise spec.service_error(svc_name, f"service {svc_name!r} depends on unknown service {dep!r}",
+                raise spec.service_error(svc_name, f"service {svc_name!r} depends on a service the file does not define",
                                          "depends_on")
             if dep == svc_name:
                 raise spec.service_error(svc_name, f"service {svc_name!r} depends on itself", "depends_on")
@@ -721,15 +748,15 @@ def _check_settings(spec: StackSpec) -> None:
         svc = getattr(s, key)
         if svc is not None and svc not in spec.services:
             raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", key)), f"x-kvchaos.{key}",
-                              f"names unknown service {svc!r} (services: {', '.join(spec.services)})")
+                              f"names a service the file does not define (services: {', '.join(spec.services)})")
     for key, obj in (("proxy", s.proxy), ("redis", s.redis), ("witness", s.witness)):
         if obj is not None and obj.service is not None and obj.service not in spec.services:
             raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", key, "service")),
-                              f"x-kvchaos.{key}.service", f"names unknown service {obj.service!r}")
+                              f"x-kvchaos.{key}.service", "names a service the file does not define")
     for i, src in enumerate(s.leak_sources):
         if src.service is not None and src.service not in spec.services:
             raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", "leak_sources", i, "service")),
-                              f"x-kvchaos.leak_sources[{i}].service", f"names unknown service {src.service!r}")
+                              f"x-kvchaos.leak_sources[{i}].service", "names a service the file does not define")
     if s.links and s.proxy is None:
         raise ConfigError(str(spec.path), spec.locator.line_of(("x-kvchaos", "links")), "x-kvchaos.links",
                           "links need a proxy: add x-kvchaos.proxy.api")

@@ -3,10 +3,14 @@
 - the loader on mutations of a small sample (ConfigError, never another exception);
 - `kvchaos validate` on hypothesis mutations of every shipped scenario and stack file (text
   edits, YAML tokens, alias bombs and cycles, deep nesting, changed values and keys, hostile
-  ``stack:`` paths, a canary file that must never be printed): the rule of tests/fuzzing.py, each
-  case under 5 s, and the process's peak memory growing by less than 200 MB over all of them.
-  CI size: FUZZ_SCENARIO_CASES + FUZZ_STACK_CASES (1,500 + 500; about 2 minutes on 2 cores);
-  the acceptance size in separate processes: scripts/fuzz_validate.py (`make fuzz`).
+  ``stack:`` paths, a canary file that must never be printed, YAML tags with values they do not
+  accept): the rule of tests/fuzzing.py, each case under 5 s, and the process's peak memory
+  growing by less than 200 MB over all of them;
+- stack files whose values carry marker strings (wrong types, bad durations, addresses,
+  selectors, interpolations, service references, bad tags): no marker is ever printed.
+  CI size: FUZZ_SCENARIO_CASES + FUZZ_STACK_CASES + FUZZ_MARKER_CASES (1,500 + 500 + 300; about
+  2.5 minutes on 2 cores); the acceptance size in separate processes: scripts/fuzz_validate.py
+  (`make fuzz`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import resource
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,13 +29,15 @@ from hypothesis import strategies as st
 from chaos.scenario.loader import load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
-from fuzzing import REPO, problems_with, scenario_case, stack_case, validate_in_process, yaml_paths
+from fuzzing import (BAD_TAGGED, MARKERS, REPO, marker_stack_case, problems_with, scenario_case, stack_case,
+                     validate_in_process, yaml_paths)
 
 from .samples import GOOD, STACK
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 SCENARIO_CASES = int(os.environ.get("FUZZ_SCENARIO_CASES", "1500"))
 STACK_CASES = int(os.environ.get("FUZZ_STACK_CASES", "500"))
+MARKER_CASES = int(os.environ.get("FUZZ_MARKER_CASES", "300"))
 CASE_SECONDS = 5.0
 GROWTH_KIB = 200 * 1024
 
@@ -160,6 +167,47 @@ def test_validate_mutated_shipped_scenarios(tmp_path, data):
 @given(data=st.data())
 def test_validate_mutated_shipped_stack_files(tmp_path, data):
     _validate(data.draw(stack_case(_fresh(tmp_path))))
+
+
+@settings(SHIPPED, max_examples=MARKER_CASES)
+@given(data=st.data())
+def test_validate_never_prints_a_value_of_a_stack_file(tmp_path, data):
+    _validate(data.draw(marker_stack_case(_fresh(tmp_path))))
+
+
+@pytest.mark.parametrize("tagged", BAD_TAGGED)
+@pytest.mark.parametrize("where", ["scenario", "stack"])
+def test_a_tag_with_a_value_it_does_not_accept_is_exit_2_at_its_line(tmp_path: Path, tagged: str, where: str) -> None:
+    """The input that showed it: `seed: !!bool maybe` (and `!!int zz`, `!!float 1e`, ...) gave
+    a KeyError / ValueError traceback and exit 1 from the YAML loader."""
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    scenario = tmp_path / "smoke.yaml"
+    stack = tmp_path / "reference.yml"
+    text = (REPO / "compose" / "reference.yml").read_text()
+    src = (REPO / "scenarios" / "smoke.yaml").read_text().replace("stack: ../compose/reference.yml",
+                                                                     f"stack: {stack}")
+    if where == "scenario":
+        src = src.replace("seed: ", f"seed: {tagged}  # was: ", 1)
+    else:
+        tag, _, value = tagged.partition(" ")
+        if tag.startswith("!") and value[:1] not in "[{":
+            tagged = f"{tag} {MARKERS[0]}"  # the value is the file's: it must not be quoted
+        text = text.replace("\n  chunk_size: 256", f"\n  chunk_size: {tagged}  # was: 256", 1)
+    scenario.write_text(src)
+    stack.write_text(text)
+    bad = scenario if where == "scenario" else stack
+    line = next(i for i, ln in enumerate(bad.read_text().splitlines(), 1) if "# was: " in ln)
+    r = CliRunner().invoke(app, ["validate", str(scenario)])
+    assert r.exit_code == 2 and isinstance(r.exception, (SystemExit, type(None))), r.output
+    assert "Traceback" not in r.output
+    problem = next(ln for ln in r.output.splitlines() if ln.startswith(f"{bad}:{line}:"))
+    if where == "stack":  # a stack file's value is never quoted
+        assert MARKERS[0] not in r.output and "9" * 20 not in r.output, r.output
+    else:
+        assert "YAML" in problem, problem
 
 
 def test_a_control_character_in_a_value_stays_on_the_problem_line(tmp_path: Path) -> None:

@@ -238,3 +238,76 @@ def test_shipped_files_give_no_warnings():
     for path in discover_scenarios(REPO / "scenarios"):
         check = check_scenario(path)
         assert check.ok and check.warnings == [], (path, check.warning_lines(), [str(p) for p in check.problems])
+
+
+MARK = "kvmark-Hq7x"
+
+
+def _marked_stacks() -> dict[str, str]:
+    """The reference stack file with one value (never a key) replaced by a value that carries a
+    marker, one file per error path of the stack loader."""
+    import copy
+
+    import yaml
+
+    base = yaml.safe_load((REPO / "compose" / "reference.yml").read_text())
+    link = next(iter(base["x-kvchaos"]["links"]))
+    dep = next(n for n, s in base["services"].items() if isinstance(s.get("depends_on"), dict))
+    edits = {
+        "a service that is not a mapping": (("services", "redis"), MARK),
+        "an unknown service named": (("x-kvchaos", "engine"), MARK),
+        "an unknown dependency": (("services", dep, "depends_on"), [MARK]),
+        "a bad duration": (("services", "redis", "healthcheck", "interval"), MARK),
+        "a bad health check": (("services", "redis", "healthcheck", "test"), [MARK, "x"]),
+        "a bad link address": (("x-kvchaos", "links", link, "listen"), f"127.0.0.1:{MARK}"),
+        "a required variable": (("services", "redis", "command"), ["redis-server", f"${{UNSET_{MARK[-4:]}:?{MARK}}}"]),
+        "a bad interpolation": (("services", "redis", "command"), ["redis-server", f"${{{MARK}"]),
+        "an unknown capability": (("x-kvchaos", "capabilities"), [MARK]),
+        "a bad selector": (("x-kvchaos", "engine_metrics"), {"preemptions": f'{MARK}{{a=~"("}}'}),
+        "a wrong type": (("x-kvchaos", "chunk_size"), MARK),
+        "a wrong type in a list": (("services", "redis", "command"), [{"k": MARK}]),
+        "an unknown union tag": (("x-kvchaos", "leak_sources"), [{"format": MARK, "url": MARK, "fields": {"a": MARK}}]),
+    }
+    out = {}
+    for name, (path, value) in edits.items():
+        data = copy.deepcopy(base)
+        parent = data
+        for step in path[:-1]:
+            parent = parent[step]
+        parent[path[-1]] = value
+        out[name] = yaml.safe_dump(data, sort_keys=False)
+    text = (REPO / "compose" / "reference.yml").read_text()
+    for tag in ("!!int", "!!bool", "!!float", "!!timestamp", "!!null"):
+        out[f"a {tag} value that does not construct"] = text.replace("  chunk_size: 256", f"  chunk_size: {tag} {MARK}")
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(_marked_stacks()))
+def test_no_command_prints_a_value_of_an_invalid_stack_file(tmp_path, case):
+    """The input that showed it: `services.redis: Input should be a valid dictionary ... (got
+    <the file's value>)`; a scenario's `stack:` may name any file on the host, so a stack
+    file's errors name the key, the line and what was expected, never the value: in validate,
+    run, list --stack, stack up and zoo, on stdout, stderr and in every file they write."""
+    from chaos.cli import app as kvchaos
+
+    stack = tmp_path / "stack.yml"
+    stack.write_text(_marked_stacks()[case])
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    scenario = scenarios / "smoke.yaml"
+    scenario.write_text((REPO / "scenarios" / "smoke.yaml").read_text().replace(
+        "stack: ../compose/reference.yml", f"stack: {stack}"))
+    reports = tmp_path / "reports"
+    env = {"KVCHAOS_STATE_DIR": str(tmp_path / "state")}
+    for args in (["validate", str(scenario)],
+                 ["run", str(scenario), "--report-dir", str(reports)],
+                 ["list", str(scenarios), "--stack", str(stack)],
+                 ["stack", "up", str(stack)],
+                 ["zoo", "--catalogue", str(scenarios), "--scenarios", "smoke", "--report-dir", str(reports),
+                  "--out", str(reports / "zoo")]):
+        r = runner.invoke(kvchaos, args, env=env)
+        assert r.exit_code == 2, (args, r.output)
+        assert f"{stack}:" in r.output, (args, r.output)
+        assert MARK not in r.output, (args, r.output)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != stack]
+    assert not [p for p in written if MARK in p.read_text(errors="replace")]

@@ -284,10 +284,10 @@ def test_claim_files_are_mode_0666_whatever_the_umask(claims):
     old = os.umask(0o077)
     try:
         assert ports.claim(port, "stack:umask")
+        assert (claims / str(port)).stat().st_mode & 0o777 == 0o666
     finally:
         os.umask(old)
         ports.release([port], "stack:umask")
-    assert (claims / str(port)).stat().st_mode & 0o777 == 0o666
 
 
 def test_a_claim_file_that_cannot_be_opened_counts_as_held(claims, monkeypatch, tmp_path):
@@ -429,3 +429,90 @@ def test_a_detached_stack_is_reached_whoever_claims_its_ports_since(tmp_path):
         assert "is down" in out
     finally:
         ports.release([port], "stack:someone-else")
+
+
+DIES_HOLDING = "from chaos.stack import ports; import os, sys; assert ports.claim(int(sys.argv[1]), 'stack:/dead/run'); os._exit(0)"
+
+
+def test_claim_files_of_ended_holders_are_removed_and_live_ones_stay(claims):
+    """The input that showed it: /tmp/kvchaos-port-claims kept a file per claim forever (461
+    after one busy evening). A release deletes its file; files whose holder ended without a
+    release (killed runs) are deleted by remove_stale (before a process's first pick, and by
+    `kvchaos cleanup`); a claim another live process holds, and this process's own, stay."""
+    mine, theirs, *dead = (ports.pick_port("stack:probe") for _ in range(5))
+    ports.release([mine, theirs, *dead], "stack:probe")
+    assert not any((claims / str(p)).exists() for p in (mine, theirs, *dead))  # a release deletes its file
+    for port in dead:  # holders that end without a release
+        subprocess.run([sys.executable, "-c", DIES_HOLDING, str(port)], check=True, timeout=60)
+        assert (claims / str(port)).exists()
+    (claims / "not-a-port").write_text("kept: not a claim file")
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM.replace("sys.argv[1]", str(theirs))],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert ports.claim(mine, "stack:mine")
+        removed, kept = ports.remove_stale()
+        assert (removed, kept) == (len(dead), 2)
+        assert sorted(os.listdir(claims)) == sorted([str(mine), str(theirs), "not-a-port"])
+        assert "owner=stack:/other/run" in (ports.holder(theirs) or "")
+        assert not ports.claim(theirs, "stack:mine")  # still theirs
+        assert "owner=stack:mine" in (ports.holder(mine) or "")
+    finally:
+        proc.kill()
+        proc.wait()
+        ports.release([mine], "stack:mine")
+    assert ports.remove_stale() == (1, 0)  # their holder is gone now
+    assert os.listdir(claims) == ["not-a-port"]
+    for port in dead:  # a removed file's port is claimed afresh
+        assert ports.claim(port, "stack:again")
+    ports.release(dead, "stack:again")
+
+
+def test_a_claimer_racing_a_removal_claims_a_fresh_file(claims, monkeypatch):
+    """A claimer that opened a claim file just before remove_stale deleted it holds a lock on a
+    file that no longer has a name: it notices (the name names another file, or none) and claims
+    again on a new file, so no two processes ever hold two files of one name."""
+    port = free_port()
+    path = claims / str(port)
+    path.touch()
+    os.chmod(path, 0o666)
+    real_open = ports._open_claim
+    calls = []
+
+    def open_then_removed(p):
+        got = real_open(p)
+        if not calls:  # the first open: another process's sweep deletes the file before the lock
+            swept = subprocess.run([sys.executable, "-c", "from chaos.stack import ports; print(ports.remove_stale())"],
+                                   capture_output=True, text=True, timeout=60, check=True)
+            assert swept.stdout.strip() == "(1, 0)"
+        calls.append(p)
+        return got
+
+    monkeypatch.setattr(ports, "_open_claim", open_then_removed)
+    assert ports.claim(port, "stack:race")
+    try:
+        assert len(calls) == 2  # the first file was found deleted, the second is the claim
+        assert "owner=stack:race" in (ports.holder(port) or "")
+        assert path.exists()
+    finally:
+        ports.release([port], "stack:race")
+
+
+def test_a_process_sweeps_before_its_first_pick_and_cleanup_sweeps_too(claims, tmp_path):
+    """Dead claims go without anyone running cleanup: a process's first pick_port deletes them;
+    `kvchaos cleanup` does as well, and says so."""
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    first, second = free_port(), free_port()
+    for port in (first, second):
+        subprocess.run([sys.executable, "-c", DIES_HOLDING, str(port)], check=True, timeout=60)
+    picked = subprocess.run([sys.executable, "-c", "from chaos.stack import ports; print(ports.pick_port('stack:p'))"],
+                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert os.listdir(claims) == [picked]  # the dead two went; the pick's process ended without a release
+    subprocess.run([sys.executable, "-c", DIES_HOLDING, str(first)], check=True, timeout=60)
+    r = CliRunner().invoke(app, ["cleanup"], env={"KVCHAOS_STATE_DIR": str(tmp_path / "state")})
+    assert r.exit_code == 0, r.output
+    assert f"port claims: deleted 2 stale files (no process holds them) in {claims}" in r.output
+    assert os.listdir(claims) == []

@@ -124,7 +124,7 @@ BAD = {
           lmcache:
             command: [sleep, "1"]
             depends_on: [redis]
-        """, 5, "lmcache", "unknown service 'redis'"),
+        """, 5, "lmcache", "depends on a service the file does not define"),
     "cycle": ("""
         services:
           a:
@@ -148,7 +148,7 @@ BAD = {
         services:
           a:
             command: [sleep, "1"]
-        """, 3, "x-kvchaos.engine", "unknown service"),
+        """, 3, "x-kvchaos.engine", "names a service the file does not define"),
     "links without proxy": ("""
         x-kvchaos:
           links:
@@ -170,7 +170,7 @@ BAD = {
         services:
           a:
             command: [sleep, "${NAP:?must be set}"]
-        """, 4, "NAP", "must be set"),
+        """, 4, "command[1]", "a variable this value requires (${NAME:?...}) is not set"),
     "bad yaml": ("""
         services:
           a:
