@@ -17,7 +17,7 @@ the run's own baseline was as slow, measured IN THE SAME RUN:
 - **The twin** (``snapshots.twin_baseline``): the stack's recompute twin (same model, no cache)
   asked r's very prompt, with r's max_tokens and stream flag, at the workload's concurrency (r's
   prompt among prompts of its phase, so the twin batches as many requests as the engine did),
-  seconds after the phases (chaos/runner/baseline.py). Its timings are taken by the runner, not
+  right after the quiesce, seconds after the phases (chaos/runner/baseline.py). Its timings are taken by the runner, not
   the recompute oracle, whose answers come from a store across runs. The twin recomputes every
   token a cache path may load, so a healthy stack is not slower than it by more than the cost of
   a lookup and a store: on a steady host the ratio request / twin is about 1 (cold misses) or

@@ -5,8 +5,9 @@ their deadline or SLO bound with no fault in place (chaos/checks/host_load.py re
     workload's concurrency ──> the recompute twin, `concurrency` at a time, each bounded ──>
     snapshots.twin_baseline {request id -> latency, ttft}
 
-Asked only when some request was slow, seconds after the phases, so the host is the one the
-requests met. The twin (no connector, no prefix cache) computes every token, so its time is what
+Asked only when some request was slow, right after the quiesce (seconds after the phases), so
+the host is the one the requests met; after the quiesce, not before it, so the twin's requests
+never delay the leak readings (a short lock TTL could free meanwhile what the run left held). The twin (no connector, no prefix cache) computes every token, so its time is what
 the host gives an uncached request now. Each slow request is sent with the same max_tokens and
 stream flag, beside peers of its phase that fill the concurrency, so the twin batches as many
 requests as the engine did. These are fresh requests timed by this module: the recompute
