@@ -15,7 +15,8 @@ deadline: info "deadline exceeded") is judged against the run's own baseline
 (chaos/checks/host_load.py): with no fault in place during its life and the recompute twin as
 slow for the same prompt (within 2x), or, without a twin figure, the fault-free peers of its
 phase as slow (median at least half the deadline), it is host load: not a failure, not a pass,
-and it does not count towards rule 2. A late request with a fault in place, or stuck while the
+and, when the client gave up on it at the deadline, it does not count towards rule 2 (an error
+that came late is still an error). A late request with a fault in place, or stuck while the
 twin answered fast, is late as before. A request that never completed and an unexplained exit
 are never host load.
 
@@ -79,14 +80,18 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     judged = [host_load.judge(r, "latency", cfg.request_deadline_s, reqs, windows, snapshots.twin_baseline)
               for r in late(reqs, cfg.request_deadline_s)]
     excused = {j.request_id for j in judged if j.verdict == "host_load"}
+    # Host load excuses the lateness, never an error: only a request the client gave up on at
+    # the deadline leaves the error count with it.
+    gave_up = {r.request_id for r in reqs if r.request_id in excused and r.outcome == "info"
+               and r.error == DEADLINE_ERROR}
     late_rows = [{"request_id": j.request_id, "latency_s": round(j.value_s or 0.0, 3),
                   "outcome": next(r.outcome for r in reqs if r.request_id == j.request_id),
                   "verdict": j.verdict, "reason": j.reason}
                  for j in judged if j.verdict != "host_load"]
     aborted = [r for r in reqs if r.outcome == "info" and r.aborted]
     bad = [r for r in reqs if (r.outcome == "fail" or (r.outcome == "info" and not r.aborted))
-           and r.request_id not in excused]
-    counted = len(reqs) - len(aborted) - len(excused)
+           and r.request_id not in gave_up]
+    counted = len(reqs) - len(aborted) - len(gave_up)
     frac = len(bad) / counted if counted else 0.0
     exits = [e.model_dump() for e in snapshots.service_exits if not e.killed_by_fault]
     twin = snapshots.twin_baseline

@@ -134,3 +134,12 @@ def test_slo_with_a_fault_in_place_is_judged_as_before(hb):
     hb.fault("lat-1", "latency", 0.0, 60.0, {"bit": True})
     r = slo.check(hb.ops, twin(**{f"s-{i}": ok(40.0) for i in range(6)}), {"latency": {"any": {"p99": 45}}})
     assert r.verdict == "failed"
+
+
+def test_host_load_excuses_the_lateness_not_an_error_that_came_late(hb):
+    loaded_warm(hb)
+    hb.request("w-err", Q, [], outcome="fail", error="HTTP 500: load failed", t0=2.0, t1=33.0)
+    r = liveness.check(hb.ops, twin(**{"w-late": ok(21.0), "w-err": ok(20.0)}), {"request_deadline_s": 30})
+    assert r.verdict == "failed" and "HTTP 500: load failed" in r.summary
+    assert {x["request_id"] for x in r.details["host_load"]} == {"w-late", "w-err"}
+    assert r.details["failed"] == ["w-err"]
