@@ -77,12 +77,16 @@ class ReadLockLedger:
         self._add(keys, n)
 
     def released(self, keys: Iterable[Any], n: int, late: Iterable[Any] = ()) -> None:
-        """``n`` read locks freed on each of ``keys``; ``late``: those of them that LMCache had
-        already let go (the TTL passed, or the object went) when the holder freed them."""
-        self._add(keys, -n)
-        gone = sum(n for _ in late)
+        """``n`` read locks freed on each of ``keys``; ``late``: keys that LMCache had already let
+        go (the TTL passed, or the object went) when the holder freed them. A late free counts
+        only against a lock the ledger has open (a free of a key no one locked, as a replayed
+        FREE_LOOKUP_LOCKS sends, frees nothing and must not hide a later leak of that key)."""
+        late_keys = list(late)
         with self._mutex:
-            self.freed_late += gone
+            real = [k for k in late_keys if self._open.get(k, 0) > 0]
+            self.freed_late += n * len(real)
+        skip = set(late_keys) - set(real)
+        self._add([k for k in keys if k not in skip], -n)
 
     def report(self, is_locked: Callable[[Any], bool]) -> dict[str, int]:
         """The FIELDS, ``is_locked(key)`` telling whether LMCache still holds a key locked."""

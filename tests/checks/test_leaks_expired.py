@@ -71,9 +71,15 @@ class _Store:
         return {"read_locked_count": sum(e.read_lock.is_locked() for e in self._objects.values())}
 
 
+def _ledgered_store(ttl_s: int) -> _Store:
+    """A store whose class (a fresh subclass: each test its own ledger) has the ledger installed."""
+    cls = type("_LedgeredStore", (_Store,), {})
+    install(cls, _Store.OK, ReadLockLedger())
+    return cls(ttl_s)
+
+
 def test_ledger_counts_a_lock_never_freed_as_expired_once_the_ttl_passed():
-    install(_Store, _Store.OK, ReadLockLedger())
-    store = _Store(ttl_s=1)
+    store = _ledgered_store(ttl_s=1)
     store.reserve_read(["a", "b"])
     store.finish_write_and_reserve_read(["c"], 2)
     store.finish_read(["a"])
@@ -89,3 +95,13 @@ def test_ledger_counts_a_lock_never_freed_as_expired_once_the_ttl_passed():
     store.finish_read(["b"])  # its holder frees it after all: LMCache refuses (expired), yet freed
     st = store.report_status()
     assert st["kvchaos_read_locks_expired"] == 0 and st["kvchaos_read_locks_freed_late"] == 1
+
+
+def test_a_free_of_a_key_no_one_locked_does_not_hide_a_later_leak():
+    store = _ledgered_store(ttl_s=1)
+    store.finish_read(["a"])  # a replayed free for a lookup the server never made: nothing to free
+    st = store.report_status()
+    assert st["kvchaos_read_locks_freed"] == 0 and st["kvchaos_read_locks_freed_late"] == 0
+    store.reserve_read(["a"])  # then a real lock on the same key, never freed
+    time.sleep(1.3)
+    assert store.report_status()["kvchaos_read_locks_expired"] == 1
