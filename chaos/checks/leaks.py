@@ -17,6 +17,15 @@ Verdicts:
   the final reading, a baseline could not be read, or no leak source was polled.
 - passed: every source's final reading has every field back at its baseline.
 
+Locks a TTL freed instead of their holder: LMCache's L1 read locks expire
+``--l1-read-ttl-seconds`` after their last lock, and its ``read_locked_count`` then drops to 0
+exactly as when the lock is freed, so with a short TTL a lock the engine never freed looked like a
+clean quiesce. The reference stack's ``lmcache-lock-ledger`` source reads the ledger that its
+LMCache server keeps (chaos/stack/lmcache_locks.py): ``read_locks_expired``, the read locks that
+LMCache no longer holds and no holder freed, on any TTL; with ``baseline: before_faults`` it must
+not grow during the run. A field whose name says ``expired`` is reported as such ("N read lock(s)
+expired by LMCache's TTL instead of being freed").
+
 With ``back_within: {s, phase}`` a pass counts only when that final reading came at most ``s``
 seconds after the start of ``phase`` (the runner's ``phase`` op; default the first phase):
 a leak that the system under test's TTL frees (LMCache's L1 read locks expire
@@ -111,10 +120,20 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     details = {"waited_s": waited, "sources": sources, "leaked": leaked,
                "unread_sources": unread, "missing_fields": missing_fields}
     if leaked:
-        held = ", ".join(f"{x['source']}.{x['field']}={x['value']:g}"
-                         + (f" (baseline {x['baseline']:g})" if "baseline" in x else "") for x in leaked)
-        return CheckResult(name=NAME, verdict="failed",
-                           summary=f"still held after {waited:g}s of quiesce: {held}", details=details)
+        def show(xs: list[dict[str, Any]]) -> str:
+            return ", ".join(f"{x['source']}.{x['field']}={x['value']:g}"
+                             + (f" (baseline {x['baseline']:g})" if "baseline" in x else "") for x in xs)
+
+        expired = [x for x in leaked if "expired" in x["field"]]
+        still = [x for x in leaked if "expired" not in x["field"]]
+        parts = []
+        if expired:
+            details["expired"] = expired
+            n = sum(x["value"] - x.get("baseline", 0) for x in expired)
+            parts.append(f"{n:g} lock(s) expired by a TTL instead of being freed: {show(expired)}")
+        if still:
+            parts.append(f"still held after {waited:g}s of quiesce: {show(still)}")
+        return CheckResult(name=NAME, verdict="failed", summary="; ".join(parts), details=details)
     if not names:
         return CheckResult(name=NAME, verdict="unknown",
                            summary="no leak source was polled: nothing to decide on", details=details)

@@ -10,21 +10,51 @@ F10: a worker or the cache server died). Three rules:
    `aborted: true`) do not count;
 3. every service exit in `snapshots.service_exits` was caused by a fault (`killed_by_fault`).
 
-Verdicts: failed if a rule is broken; unknown if no request was invoked; else passed.
+A late request (one that completed after the deadline, or that the client gave up on at the
+deadline: info "deadline exceeded") is judged against the run's own baseline
+(chaos/checks/host_load.py): with no fault in place during its life and the recompute twin as
+slow for the same prompt (within 2x), or, without a twin figure, the fault-free peers of its
+phase as slow (median at least half the deadline), it is host load: not a failure, not a pass,
+and, when the client gave up on it at the deadline, it does not count towards rule 2 (an error
+that came late is still an error). A late request with a fault in place, or stuck while the
+twin answered fast, is late as before. A request that never completed and an unexplained exit
+are never host load.
+
+Verdicts: failed if a rule is broken; unknown if no request was invoked, or if every broken
+deadline was host load (the summary gives the figures); else passed.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from chaos.checks import host_load
 from chaos.checks.config import LivenessConfig
 from chaos.checks.registry import coerce_config, register
-from chaos.checks.requests import requests
+from chaos.checks.requests import RequestRecord, requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
 
 NAME = "liveness"
+#: The client's error text for a request it gave up on at the deadline
+#: (chaos/workload/client.py ``CompletionClient.complete``).
+DEADLINE_ERROR = "deadline exceeded"
+
+
+def late(reqs: list[RequestRecord], deadline_s: float) -> list[RequestRecord]:
+    """Requests that completed after ``deadline_s`` or that the client gave up on at it."""
+    return [r for r in reqs if r.latency_s is not None
+            and (r.latency_s > deadline_s or (r.latency_s >= deadline_s and r.outcome == "info"
+                                              and not r.aborted and r.error == DEADLINE_ERROR))]
+
+
+def slow_requests(history: Sequence[Op | dict[str, Any]],
+                  config: LivenessConfig | dict[str, Any] | None = None) -> list[RequestRecord]:
+    """The late requests whose judgement reads the twin baseline (completed, no fault in place
+    during their life): the runner times the twin on their prompts (chaos/runner/baseline.py)."""
+    cfg = coerce_config(config, LivenessConfig)
+    return host_load.wanted(late(requests(history), cfg.request_deadline_s), host_load.fault_windows(history))
 
 
 @register(NAME, LivenessConfig)
@@ -34,26 +64,45 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
 
     Args:
         history: the run's ops (dicts or `Op` models).
-        snapshots: uses `service_exits`.
+        snapshots: uses `service_exits` and `twin_baseline`.
         config: LivenessConfig or its dict.
     Returns:
         CheckResult; details: `invoked`, `ok`, `failed` (ids), `aborted` (count),
-        `never_completed` (ids), `late` (list of {request_id, latency_s}), `failed_fraction`,
-        `unexpected_exits` (list of service exits).
+        `never_completed` (ids), `late` (list of {request_id, latency_s, outcome, verdict,
+        reason}: late as before), `host_load` (the late requests judged host load, with their
+        figures: chaos.checks.host_load.Judgement), `host_load_rule`, `twin_baseline`,
+        `failed_fraction`, `unexpected_exits` (list of service exits).
     """
     cfg = coerce_config(config, LivenessConfig)
     reqs = requests(history)
     never = [r.request_id for r in reqs if r.outcome is None]
-    late = [{"request_id": r.request_id, "latency_s": round(r.latency_s, 3), "outcome": r.outcome}
-            for r in reqs if r.latency_s is not None and r.latency_s > cfg.request_deadline_s]
+    windows = host_load.fault_windows(history)
+    judged = [host_load.judge(r, "latency", cfg.request_deadline_s, reqs, windows, snapshots.twin_baseline)
+              for r in late(reqs, cfg.request_deadline_s)]
+    excused = {j.request_id for j in judged if j.verdict == "host_load"}
+    # Host load excuses the lateness, never an error: only a request the client gave up on at
+    # the deadline leaves the error count with it.
+    gave_up = {r.request_id for r in reqs if r.request_id in excused and r.outcome == "info"
+               and r.error == DEADLINE_ERROR}
+    late_rows = [{"request_id": j.request_id, "latency_s": round(j.value_s or 0.0, 3),
+                  "outcome": next(r.outcome for r in reqs if r.request_id == j.request_id),
+                  "verdict": j.verdict, "reason": j.reason}
+                 for j in judged if j.verdict != "host_load"]
     aborted = [r for r in reqs if r.outcome == "info" and r.aborted]
-    bad = [r for r in reqs if r.outcome == "fail" or (r.outcome == "info" and not r.aborted)]
-    counted = len(reqs) - len(aborted)
+    bad = [r for r in reqs if (r.outcome == "fail" or (r.outcome == "info" and not r.aborted))
+           and r.request_id not in gave_up]
+    counted = len(reqs) - len(aborted) - len(gave_up)
     frac = len(bad) / counted if counted else 0.0
     exits = [e.model_dump() for e in snapshots.service_exits if not e.killed_by_fault]
+    twin = snapshots.twin_baseline
     details = {"invoked": len(reqs), "ok": sum(r.outcome == "ok" for r in reqs),
                "failed": [r.request_id for r in bad], "errors": {r.request_id: r.error for r in bad[:20]},
-               "aborted": len(aborted), "never_completed": never, "late": late,
+               "aborted": len(aborted), "never_completed": never, "late": late_rows,
+               "host_load": [j.model_dump() for j in judged if j.verdict == "host_load"],
+               "host_load_rule": host_load.rule_text(),
+               "twin_baseline": None if twin is None else {
+                   "concurrency": twin.concurrency, "timed": len(twin.timings), "load_average": twin.load_average,
+                   "took_s": twin.took_s, "error": twin.error},
                "failed_fraction": frac, "allow_failed_fraction": cfg.allow_failed_fraction,
                "request_deadline_s": cfg.request_deadline_s, "unexpected_exits": exits}
     problems: list[str] = []
@@ -64,18 +113,26 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
                         + (f" (+{len(exits) - 1} more exits)" if len(exits) > 1 else ""))
     if never:
         problems.append(f"{len(never)} request(s) never completed (first: {never[0]})")
-    if late:
-        problems.append(f"{len(late)} request(s) took longer than {cfg.request_deadline_s:g}s "
-                        f"(first: {late[0]['request_id']}, {late[0]['latency_s']:.1f}s)")
+    if late_rows:
+        first = late_rows[0]
+        problems.append(f"{len(late_rows)} request(s) took longer than {cfg.request_deadline_s:g}s "
+                        f"(first: {first['request_id']}, {first['latency_s']:.1f}s: {first['reason']})")
     if frac > cfg.allow_failed_fraction:
-        first = bad[0]
-        why = f": {first.error}" if first.error else ""
+        first_bad = bad[0]
+        why = f": {first_bad.error}" if first_bad.error else ""
         problems.append(f"{len(bad)}/{counted} requests ended with an error ({frac:.0%} > allowed "
-                        f"{cfg.allow_failed_fraction:.0%}; first {first.request_id}{why})")
+                        f"{cfg.allow_failed_fraction:.0%}; first {first_bad.request_id}{why})")
     if problems:
         return CheckResult(name=NAME, verdict="failed", summary="; ".join(problems), details=details)
     if not reqs:
         return CheckResult(name=NAME, verdict="unknown", summary="no request was invoked", details=details)
+    if excused:
+        first_j = next(j for j in judged if j.verdict == "host_load")
+        return CheckResult(name=NAME, verdict="unknown",
+                           summary=(f"inconclusive (host load): {len(excused)} request(s) missed the "
+                                    f"{cfg.request_deadline_s:g}s deadline while the run's own baseline was as slow "
+                                    f"(first {first_j.request_id}: {first_j.reason}); no other problem"),
+                           details=details)
     return CheckResult(name=NAME, verdict="passed",
                        summary=(f"all {len(reqs)} requests ended within {cfg.request_deadline_s:g}s "
                                 f"({len(bad)} errors, {len(aborted)} aborted on purpose); no unexplained exits"),

@@ -24,6 +24,13 @@ What is measured (/work/shared/corpus/false-hit-triage.md, "Definitions before c
   both sides, so a loaded machine neither fails a real speedup nor passes a missing one on one
   outlier.
 
+A bound exceeded is judged against the run's own baseline (chaos/checks/host_load.py, the rule
+liveness uses): when every request above the bound had no fault in place and the recompute
+twin was as slow for its prompt (within 2x, same metric), or, without a twin figure, the
+fault-free peers of its phase were (median at least half the bound), the host was slow, not
+the stack: that bound is unknown ("host load", with the figures), not failed. One request above
+the bound with a fault in place, or fast on the twin, keeps the bound failed.
+
 Verdicts: failed when a bound with enough samples is exceeded (a hit speedup below
 ``min_ratio`` at some prompt length counts); unknown when some bound could not be measured
 (fewer than ``min_samples`` samples: no streamed request of a class, no cold baseline of the
@@ -35,6 +42,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+from chaos.checks import host_load
 from chaos.checks.config import HitSpeedupConfig, PercentileBounds, SloConfig
 from chaos.checks.percentile import percentile
 from chaos.checks.registry import coerce_config, register
@@ -51,15 +59,51 @@ def _in_class(rec: RequestRecord, cls: str) -> bool:
     return cls == "any" or rec.request_class == cls
 
 
+def _samples(metric: str, members: list[RequestRecord]) -> list[float]:
+    if metric == "ttft":
+        return [r.ttft_s for r in members if r.ttft_s is not None]
+    return [r.latency_s for r in members if r.latency_s is not None]
+
+
+def _over(metric: str, members: list[RequestRecord], bound: float) -> list[RequestRecord]:
+    return [r for r in members if (v := host_load.metric_of(r, metric)) is not None and v > bound]  # type: ignore[arg-type]
+
+
+def exceeded(history: Sequence[Op | dict[str, Any]], config: SloConfig | dict[str, Any]) -> list[tuple[str, float, RequestRecord]]:
+    """``(metric, bound_s, request)`` for every request above a TTFT or latency percentile
+    bound that its class exceeds with enough samples (the requests the host-load rule judges)."""
+    cfg = coerce_config(config, SloConfig)
+    recs = [r for r in requests(history) if cfg.phases is None or r.phase in cfg.phases]
+    out: list[tuple[str, float, RequestRecord]] = []
+    for metric, table in (("ttft", cfg.ttft), ("latency", cfg.latency)):
+        for cls, bounds in table.items():
+            members = [r for r in recs if r.outcome is not None and _in_class(r, cls)]
+            samples = _samples(metric, members)
+            for name, bound in bounds.items():
+                value = percentile(samples, _Q[name]) if samples else None
+                if len(samples) >= cfg.min_samples and value is not None and value > bound:
+                    out.extend((metric, bound, r) for r in _over(metric, members, bound))
+    return out
+
+
+def slow_requests(history: Sequence[Op | dict[str, Any]],
+                  config: SloConfig | dict[str, Any] | None = None) -> list[RequestRecord]:
+    """The requests above an exceeded bound whose judgement reads the twin baseline."""
+    if config is None:
+        return []
+    seen: dict[str, RequestRecord] = {}
+    for _, _, r in exceeded(history, config):
+        seen.setdefault(r.request_id, r)
+    return host_load.wanted(seen.values(), host_load.fault_windows(history))
+
+
 def _bounds(metric: str, table: dict[str, PercentileBounds], recs: list[RequestRecord], min_samples: int,
-            problems: list[str], undecided: list[str]) -> dict[str, Any]:
+            problems: list[str], undecided: list[str], everyone: list[RequestRecord],
+            windows: list[host_load.FaultWindow], snapshots: Snapshots) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for cls, bounds in table.items():
         members = [r for r in recs if r.outcome is not None and _in_class(r, cls)]
-        if metric == "ttft":
-            samples = [r.ttft_s for r in members if r.ttft_s is not None]
-        else:
-            samples = [r.latency_s for r in members if r.latency_s is not None]
+        samples = _samples(metric, members)
         row: dict[str, Any] = {"requests": len(members), "samples": len(samples)}
         for name, bound in bounds.items():
             value = percentile(samples, _Q[name]) if samples else None
@@ -71,9 +115,18 @@ def _bounds(metric: str, table: dict[str, PercentileBounds], recs: list[RequestR
                                  f"{len(members)} requests; {min_samples} needed){why}")
                 row[name]["verdict"] = "unknown"
             elif value is not None and value > bound:
-                problems.append(f"{metric} {name} of {cls} is {value:.3f}s > {bound:g}s "
-                                f"({len(samples)} samples)")
-                row[name]["verdict"] = "failed"
+                judged = [host_load.judge(r, metric, bound, everyone, windows, snapshots.twin_baseline)  # type: ignore[arg-type]
+                          for r in _over(metric, members, bound)]
+                row[name]["over_bound"] = [j.model_dump() for j in judged]
+                if judged and all(j.verdict == "host_load" for j in judged):
+                    undecided.append(f"{metric} {name} of {cls} is {value:.3f}s > {bound:g}s, inconclusive (host "
+                                     f"load): all {len(judged)} request(s) above the bound had the run's own "
+                                     f"baseline as slow (first {judged[0].request_id}: {judged[0].reason})")
+                    row[name]["verdict"] = "unknown"
+                else:
+                    problems.append(f"{metric} {name} of {cls} is {value:.3f}s > {bound:g}s "
+                                    f"({len(samples)} samples)")
+                    row[name]["verdict"] = "failed"
             else:
                 row[name]["verdict"] = "passed"
         out[cls] = row
@@ -133,7 +186,7 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
 
     Args:
         history: the run's ops.
-        snapshots: not used (the SLO is a function of the history).
+        snapshots: ``twin_baseline`` for the host-load rule (chaos/checks/host_load.py).
         config: SloConfig.
     Returns:
         CheckResult; details: ``ttft`` / ``latency`` (class -> samples and each percentile's
@@ -145,9 +198,13 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     recs = [r for r in everyone if cfg.phases is None or r.phase in cfg.phases]
     problems: list[str] = []
     undecided: list[str] = []
+    windows = host_load.fault_windows(history)
     details: dict[str, Any] = {"phases": cfg.phases, "min_samples": cfg.min_samples,
-                               "ttft": _bounds("ttft", cfg.ttft, recs, cfg.min_samples, problems, undecided),
-                               "latency": _bounds("latency", cfg.latency, recs, cfg.min_samples, problems, undecided)}
+                               "ttft": _bounds("ttft", cfg.ttft, recs, cfg.min_samples, problems, undecided,
+                                               everyone, windows, snapshots),
+                               "latency": _bounds("latency", cfg.latency, recs, cfg.min_samples, problems,
+                                                  undecided, everyone, windows, snapshots),
+                               "host_load_rule": host_load.rule_text()}
     if cfg.max_lookup_timeout_rate is not None:
         looked = [r for r in recs if r.outcome == "ok" and r.cached_token_stats is not None
                   and (r.cached_token_stats.lookup or "miss") != "disabled"]

@@ -15,6 +15,9 @@ answers "unknown" instead of guessing):
 - `expected_top_logprobs`, `recompute_replay`, `recompute_replay_top_logprobs`: for
   recompute_equivalence's tolerant mode, the twin's top-2 logprobs of every expected token,
   and the twin asked again (its noise floor).
+- `twin_baseline`: the recompute twin timed on the prompts of requests that went past their
+  deadline or SLO bound with no fault in place, at the workload's concurrency, right after the
+  phases (only when some request did): the run's own baseline for chaos/checks/host_load.py.
 """
 
 from __future__ import annotations
@@ -61,6 +64,45 @@ class ServiceExit(BaseModel):
     killed_by_fault: bool = False
 
 
+class TwinTiming(BaseModel):
+    """The recompute twin's time for one request's prompt (s).
+
+    Attributes:
+        outcome: ``ok`` (answered), ``info`` (no answer within ``waited_s``), ``fail`` (error).
+        latency_s / ttft_s: sending to the last byte / to the first streamed token (ttft only
+            for a streamed request); None when not measured.
+        waited_s: how long the runner was prepared to wait for it.
+        error: why it gave no figure.
+    """
+
+    outcome: str
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    waited_s: float = 0.0
+    error: str | None = None
+
+
+class TwinBaseline(BaseModel):
+    """The recompute twin timed in the same run (chaos/runner/baseline.py).
+
+    Attributes:
+        concurrency: requests in flight at once (the workload's).
+        timings: original request id -> the twin's time for its prompt; the slow requests and
+            the peers of their phases sent beside them to fill the concurrency.
+        slow: ids of the slow requests the measurement was for.
+        load_average: the host's 1-minute load average when the measurement began.
+        took_s: how long the measurement took.
+        error: why there is no measurement (no twin in the stack, it was unreachable).
+    """
+
+    concurrency: int = 1
+    timings: dict[str, TwinTiming] = Field(default_factory=dict)
+    slow: list[str] = Field(default_factory=list)
+    load_average: float | None = None
+    took_s: float | None = None
+    error: str | None = None
+
+
 class Snapshots(BaseModel):
     """Everything the checks need besides the history.
 
@@ -81,6 +123,7 @@ class Snapshots(BaseModel):
         quiesce_waited_s: seconds the runner waited for leak counters to reach 0 (None: unknown).
         service_exits: exits of service processes during the run.
         chunk_size: LMCache chunk size in tokens (256 by default), for report wording.
+        twin_baseline: the twin's times for slow requests' prompts (None: not measured).
     """
 
     expected: dict[str, list[int]] = Field(default_factory=dict)
@@ -95,3 +138,4 @@ class Snapshots(BaseModel):
     quiesce_waited_s: float | None = None
     service_exits: list[ServiceExit] = Field(default_factory=list)
     chunk_size: int = 256
+    twin_baseline: TwinBaseline | None = None

@@ -3,6 +3,8 @@
     baseline (stack healthy, leak-source baselines read) ─> phase 1 ─> phase 2 ─> ... ─> heal all
         each phase: workload (chaos/workload)  ║  nemesis: apply at start, heal at end
     ─> quiesce (leak sources polled until back at baseline or deadline)
+    ─> twin baseline (only when a request went past its deadline or SLO bound with no fault in
+       place: the recompute twin timed on its prompt, chaos/runner/baseline.py)
     ─> oracle (recompute twin; tolerant mode: its logprobs, and the twin asked again = noise floor)
     ─> checks (pure functions of history + snapshots) ─> report
 
@@ -37,7 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.checks import liveness as liveness_check
+from chaos.checks import slo as slo_check
 from chaos.checks.registry import run_checks
+from chaos.checks.requests import requests as paired_requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import ServiceExit as SnapshotExit
 from chaos.checks.snapshots import Snapshots
@@ -52,6 +57,7 @@ from chaos.report.model import InterruptInfo, RunResult
 from chaos.probes import TriggerWatch
 from chaos.report.result import build_result
 from chaos.report.writer import write_report
+from chaos.runner.baseline import measure_twin
 from chaos.runner.leaks import poll_until_quiet, read_baselines
 from chaos.scenario.model import Phase, Scenario
 from chaos.stack.base import Stack
@@ -544,6 +550,7 @@ def _evaluate(scenario: Scenario, stack: Stack, settings, history: HistoryWriter
                             killed_by_fault=e.expected)
         if snap not in snapshots.service_exits:
             snapshots.service_exits.append(snap)
+    _twin_baseline(scenario, settings, history, snapshots, say)
     if scenario.checks.recompute_equivalence is None:
         return {}
     say("recompute oracle")
@@ -567,6 +574,24 @@ def _evaluate(scenario: Scenario, stack: Stack, settings, history: HistoryWriter
     except OracleError as exc:
         info = {"error": str(exc)}
     return info
+
+
+def _twin_baseline(scenario: Scenario, settings, history: HistoryWriter, snapshots: Snapshots, say) -> None:
+    """Time the recompute twin on the prompts of requests that went past their deadline or SLO
+    bound with no fault in place (chaos/runner/baseline.py), into ``snapshots.twin_baseline``;
+    nothing when no request did."""
+    ops = history.ops
+    slow = {r.request_id: r for r in (liveness_check.slow_requests(ops, scenario.checks.liveness)
+                                      if scenario.checks.liveness is not None else [])}
+    for r in slo_check.slow_requests(ops, scenario.checks.slo):
+        slow.setdefault(r.request_id, r)
+    if not slow:
+        return
+    say(f"twin baseline ({len(slow)} slow request(s) with no fault in place)")
+    interrupts.set_stage("twin baseline")
+    snapshots.twin_baseline = measure_twin(settings.recompute_url, list(slow.values()), paired_requests(ops),
+                                           concurrency=scenario.workload.concurrency,
+                                           run_async=interrupts.run_async)
 
 
 def _checks(scenario: Scenario, history: HistoryWriter, snapshots: Snapshots, say) -> list[CheckResult]:

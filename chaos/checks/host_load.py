@@ -1,0 +1,208 @@
+"""host_load: a request slower than its bound, judged against the run's own baseline.
+
+A deadline or an SLO bound is a number picked on an idle machine. On a shared CI runner (load
+average 12-20 on two cores) every request of a phase can take two to three times its usual time
+with no fault in place, and a request just past its deadline says nothing about the stack. So
+`liveness` and `slo` ask this module, for each request whose time went past its bound, whether
+the run's own baseline was as slow, measured IN THE SAME RUN:
+
+    slow request r (value v > bound b) ──┬─ never completed ...................... failed
+                                         ├─ a fault in place during its life ..... fault (judged as before)
+                                         ├─ twin answered r's prompt in t:  v <= K_TWIN * t   host load
+                                         │                                  v >  K_TWIN * t   failed
+                                         ├─ twin gave no answer within v ........ host load
+                                         └─ no twin figure: fault-free peers of r's phase (>= MIN_PEERS,
+                                            completed ok): median >= b / K_PEERS  host load, else failed
+
+- **The twin** (``snapshots.twin_baseline``): the stack's recompute twin (same model, no cache)
+  asked r's very prompt, with r's max_tokens and stream flag, at the workload's concurrency (r's
+  prompt among prompts of its phase, so the twin batches as many requests as the engine did),
+  right after the quiesce, seconds after the phases (chaos/runner/baseline.py). Its timings are taken by the runner, not
+  the recompute oracle, whose answers come from a store across runs. The twin recomputes every
+  token a cache path may load, so a healthy stack is not slower than it by more than the cost of
+  a lookup and a store: on a steady host the ratio request / twin is about 1 (cold misses) or
+  below (hits).
+- **K_TWIN = 2**: a request up to twice the twin's time is host load. The factor covers what the
+  twin cannot reproduce: the load moving between the phase and the measurement (other jobs
+  start and stop; seen up to about 1.5x), LMCache's own process competing for the same cores
+  during the phase, and the stores of a cold miss. A stuck request runs to the deadline whatever
+  the host does, so with K_TWIN = 2 it is caught whenever the deadline is more than twice the
+  twin's time: every catalogue deadline is 5-20 times the idle latency, so only a host that is
+  already past half the deadline turns a stuck request into "unknown", never into "passed".
+- **A twin that gave no answer** within the runner's bound (at least the slowest late request's
+  time) was at least as slow as the request: host load.
+- **Peers**, used only without a twin figure (no twin in the stack, or it answered with an
+  error): the requests of r's phase that completed ok with no fault in place during their life,
+  r excluded. **MIN_PEERS = 3** so one outlier does not decide; the **median** (not the mean,
+  not the max) so one other slow request does not either; **K_PEERS = 2**: a phase whose
+  typical request took at least half the bound ran slow as a whole, and prompts of one phase
+  differ in length by up to about 2x, so r at the bound is within the phase's spread. A phase
+  whose peers answered fast while r ran to its deadline has a stuck request: failed. Peers that
+  were late themselves are not peers (a wedged stack would otherwise excuse itself).
+- **A fault in place** during r's life (from the apply's invoke to the heal's completion; a fault
+  never healed lasts to the end of the run) makes r the fault's effect: judged as before,
+  whatever the host did. A request that never completed, or a process that exited unexplained,
+  is never host load (liveness decides those before it asks this module).
+
+Every judgement keeps its figures (value, bound, twin time and ratio, peers' count and median,
+the fault ids) for the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable, Literal, Sequence
+
+from pydantic import BaseModel, Field
+
+from chaos.checks.requests import RequestRecord, op_dicts
+from chaos.checks.snapshots import TwinBaseline
+from chaos.history import Op
+
+#: A request up to K_TWIN times the twin's time for the same prompt is host load.
+K_TWIN = 2.0
+#: Fault-free peers whose median is at least bound / K_PEERS show a slow phase.
+K_PEERS = 2.0
+#: Fewest fault-free peers whose median counts.
+MIN_PEERS = 3
+
+Metric = Literal["latency", "ttft"]
+
+
+class FaultWindow(BaseModel):
+    """When a fault could act: from its apply's invoke to its heal's completion (s since run
+    start; ``end`` None: never healed, in place to the end of the run)."""
+
+    fault_id: str
+    kind: str = ""
+    start: float
+    end: float | None = None
+
+
+class Judgement(BaseModel):
+    """What one slow request is: ``host_load`` (the baseline was as slow: inconclusive),
+    ``failed`` (the baseline was fast, or there is none), or ``fault`` (a fault was in place:
+    judged as before). Times in s."""
+
+    request_id: str
+    phase: str
+    metric: Metric
+    value_s: float | None
+    bound_s: float
+    verdict: Literal["host_load", "failed", "fault"]
+    reason: str
+    faults: list[str] = Field(default_factory=list)
+    twin_s: float | None = None
+    twin_timed_out: bool = False
+    twin_ratio: float | None = None
+    peers: int = 0
+    peers_median_s: float | None = None
+
+
+def fault_windows(history: Iterable[Op | dict[str, Any]]) -> list[FaultWindow]:
+    """Every nemesis fault's window, from the earliest apply op to the heal's completion.
+
+    The apply's invoke (not its ok) starts the window, so a fault taking effect while its apply
+    runs is in place; a failed apply still counts (it may have acted in part).
+    """
+    out: dict[str, FaultWindow] = {}
+    for op in op_dicts(history):
+        if op.get("process") != "nemesis" or op.get("fault_id") is None:
+            continue
+        fid, t = str(op["fault_id"]), float(op.get("time") or 0.0)
+        f = op.get("f")
+        if f == "apply":
+            w = out.setdefault(fid, FaultWindow(fault_id=fid, kind=str(op["value"].get("kind") or ""), start=t))
+            w.start = min(w.start, t)
+        elif f == "heal" and op.get("type") != "invoke" and fid in out:
+            out[fid].end = t
+    return list(out.values())
+
+
+def faults_during(rec: RequestRecord, windows: Sequence[FaultWindow]) -> list[str]:
+    """Ids of the faults in place at some moment of ``rec``'s life (invoke to completion; a
+    request that never completed lives to the end of the run)."""
+    end = rec.end_time if rec.end_time is not None else float("inf")
+    return [w.fault_id for w in windows
+            if w.start <= end and (w.end is None or rec.invoke_time <= w.end)]
+
+
+def metric_of(rec: RequestRecord, metric: Metric) -> float | None:
+    """The request's latency or TTFT (s), None when not measured."""
+    return rec.latency_s if metric == "latency" else rec.ttft_s
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x:.1f}s" if x >= 10 else f"{x:.2f}s"
+
+
+def judge(rec: RequestRecord, metric: Metric, bound_s: float, everyone: Sequence[RequestRecord],
+          windows: Sequence[FaultWindow], twin: TwinBaseline | None) -> Judgement:
+    """Judge one request whose ``metric`` went past ``bound_s`` (the module doc's rule).
+
+    Args:
+        rec: the slow request.
+        metric: ``latency`` (liveness, SLO latency bounds) or ``ttft`` (SLO TTFT bounds).
+        bound_s: the deadline or SLO bound it went past (s).
+        everyone: every request of the run (peers are taken from ``rec``'s phase).
+        windows: ``fault_windows(history)``.
+        twin: the runner's twin measurement (None: not measured).
+    Returns:
+        the judgement with its figures.
+    """
+    value = metric_of(rec, metric)
+    base = dict(request_id=rec.request_id, phase=rec.phase, metric=metric, value_s=value, bound_s=bound_s)
+    if rec.outcome is None or value is None:
+        return Judgement(**base, verdict="failed", reason="never completed")
+    in_place = faults_during(rec, windows)
+    if in_place:
+        return Judgement(**base, verdict="fault", faults=in_place,
+                         reason=f"fault(s) {', '.join(in_place)} in place during its life")
+    peers = [p for p in everyone if p.request_id != rec.request_id and p.phase == rec.phase
+             and p.outcome == "ok" and metric_of(p, metric) is not None and not faults_during(p, windows)
+             and metric_of(p, metric) <= bound_s]  # type: ignore[operator]
+    peer_vals = [metric_of(p, metric) for p in peers]
+    median = statistics.median(peer_vals) if peer_vals else None  # type: ignore[type-var]
+    base.update(peers=len(peers), peers_median_s=median)
+    timing = twin.timings.get(rec.request_id) if twin is not None else None
+    if timing is not None and timing.outcome == "ok":
+        t = timing.latency_s if metric == "latency" else timing.ttft_s
+        if t is not None and t > 0:
+            ratio = value / t
+            if ratio <= K_TWIN:
+                return Judgement(**base, verdict="host_load", twin_s=t, twin_ratio=ratio,
+                                 reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place, and the "
+                                 f"recompute twin took {_fmt(t)} for the same prompt (x{ratio:.1f} <= {K_TWIN:g})")
+            return Judgement(**base, verdict="failed", twin_s=t, twin_ratio=ratio,
+                             reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place while the "
+                             f"recompute twin answered the same prompt in {_fmt(t)} (x{ratio:.1f} > {K_TWIN:g})")
+    if timing is not None and timing.outcome == "info" and timing.waited_s >= value:
+        return Judgement(**base, verdict="host_load", twin_timed_out=True, twin_s=timing.waited_s,
+                         reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place, and the recompute "
+                         f"twin gave no answer for the same prompt within {timing.waited_s:.1f}s")
+    why_no_twin = ("no twin figure for its prompt"
+                   + (f" ({twin.error})" if twin is not None and twin.error else "")
+                   + (f" (twin: {timing.error})" if timing is not None and timing.error else ""))
+    if len(peers) >= MIN_PEERS and median is not None and median >= bound_s / K_PEERS:
+        return Judgement(**base, verdict="host_load",
+                         reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place; {why_no_twin}, and "
+                         f"the {len(peers)} fault-free peers of phase {rec.phase} took {_fmt(median)} (median, "
+                         f">= {bound_s:g}s / {K_PEERS:g})")
+    peer_txt = (f"{len(peers)} fault-free peers of phase {rec.phase}, median {_fmt(median)}" if peers
+                else f"no fault-free peer of phase {rec.phase} completed within the bound")
+    return Judgement(**base, verdict="failed",
+                     reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place; {why_no_twin}, and "
+                     f"no baseline as slow ({peer_txt}; host load needs >= {MIN_PEERS} with median >= "
+                     f"{bound_s / K_PEERS:.1f}s)")
+
+
+def wanted(slow: Iterable[RequestRecord], windows: Sequence[FaultWindow]) -> list[RequestRecord]:
+    """The slow requests whose judgement would read the twin: completed, no fault in place."""
+    return [r for r in slow if r.outcome is not None and not faults_during(r, windows)]
+
+
+def rule_text() -> dict[str, Any]:
+    """The rule's thresholds, for a report's details."""
+    return {"k_twin": K_TWIN, "k_peers": K_PEERS, "min_peers": MIN_PEERS}
