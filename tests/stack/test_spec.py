@@ -87,9 +87,15 @@ def test_taken_default_port_gets_a_free_one(tmp_path):
         port = int(spec.env["A_PORT"])
         assert port != taken and port > 0
         assert spec.services["a"].env()["P"] == str(port)
-    # An explicitly set variable is respected as given.
-    spec = load_stack(stack, environ={"A_PORT": "4242"})
-    assert spec.services["a"].env()["P"] == "4242"
+    # An explicitly set variable is respected as given. The port is one the kernel hands out
+    # (its ephemeral range, where kvchaos never picks: chaos/stack/ports.py), not a fixed one:
+    # with 4242, a stack of another test of the same `make test` (xdist) or of another run on
+    # the host had claimed it, and the loader rightly refused to take it (CI of 64ea656's branch).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mine = s.getsockname()[1]
+    spec = load_stack(stack, environ={"A_PORT": str(mine)})
+    assert spec.services["a"].env()["P"] == str(mine)
 
 
 BAD = {
