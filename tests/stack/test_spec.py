@@ -90,7 +90,7 @@ def test_taken_default_port_gets_a_free_one(tmp_path):
     # An explicitly set variable is respected as given. The port is one the kernel hands out
     # (its ephemeral range, where kvchaos never picks: chaos/stack/ports.py), not a fixed one:
     # with 4242, a stack of another test of the same `make test` (xdist) or of another run on
-    # the host had claimed it, and the loader rightly refused to take it (CI of 64ea656's branch).
+    # the host had claimed it, and the loader rightly refused to take it (seen under -n 3).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         mine = s.getsockname()[1]
