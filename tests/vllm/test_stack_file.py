@@ -55,12 +55,13 @@ def _last(argv: list[str], flag: str) -> str:
     return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
 
 
-def test_small_kv_pool_uses_16_token_blocks_on_both_vllms(tmp_path):
+def test_small_kv_pool_uses_32_token_blocks_on_both_vllms(tmp_path):
     engine = _argv("engine", tmp_path, ENGINE_NUM_BLOCKS="110")
     twin = _argv("engine-recompute", tmp_path, ENGINE_NUM_BLOCKS="110")
-    assert engine[:2] == ["vllm", "serve"] and _last(engine, "--num-gpu-blocks-override") == "110"
-    assert _last(engine, "--max-model-len") == str(110 * 16 - 16)  # vLLM refuses a longer one
-    assert _last(engine, "--block-size") == _last(twin, "--block-size") == "16"
+    # 110 blocks of 16 tokens = 55 of 32, the smallest block vLLM's CPU attention takes
+    assert engine[:2] == ["vllm", "serve"] and _last(engine, "--num-gpu-blocks-override") == "55"
+    assert _last(engine, "--max-model-len") == str(110 * 16 - 32)  # vLLM refuses a longer one
+    assert _last(engine, "--block-size") == _last(twin, "--block-size") == "32"
     assert "--num-gpu-blocks-override" not in twin and "--kv-transfer-config" not in twin
 
 
