@@ -1,6 +1,7 @@
-"""Tests of the vLLM CPU stack (chaos/vllm/): every test here is marked ``vllm`` and skipped,
-with the reason, when the vLLM venv (``make setup-vllm``: .venv-vllm) is absent, so that a
-machine without it runs none of them. Run them with ``pytest -m vllm tests/vllm``."""
+"""Tests of the vLLM CPU stack (chaos/vllm/): every test here is marked ``vllm`` and runs only
+when asked for (``pytest -m vllm tests/vllm``), so that no other selection (``make test``'s
+``-m "not chaos"`` included) takes their time, and is skipped, with the reason, when the vLLM
+venv (``make setup-vllm``: .venv-vllm) is absent."""
 
 from __future__ import annotations
 
@@ -18,13 +19,20 @@ def _vllm_missing() -> str | None:
     return None
 
 
-_MISSING = _vllm_missing()
+def _asked_for(config: pytest.Config) -> bool:
+    """True when the marker expression selects ``vllm`` (``-m vllm``, not ``-m "not vllm"``)."""
+    expr = config.getoption("markexpr") or ""
+    return "vllm" in expr and "not vllm" not in expr
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = _asked_for(config)
+    missing = _vllm_missing() if asked else None
     for item in items:
         if "/tests/vllm/" not in str(item.path):
             continue
         item.add_marker(pytest.mark.vllm)
-        if _MISSING:
-            item.add_marker(pytest.mark.skip(reason=_MISSING))
+        if not asked:
+            item.add_marker(pytest.mark.skip(reason="vLLM tests run only with -m vllm (pytest -m vllm tests/vllm)"))
+        elif missing:
+            item.add_marker(pytest.mark.skip(reason=missing))
