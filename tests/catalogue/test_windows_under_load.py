@@ -31,6 +31,7 @@ def _loops(max_s: str) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # a loaded-host rerun: `make nightly`, not `make test`
 def test_apc_partial_chunk_reaches_its_window_under_load(tmp_path):
     reports = tmp_path / "reports"
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
@@ -187,6 +188,7 @@ def test_a_ttl_window_stretched_past_its_ttl_is_inconclusive_not_a_pass(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # a loaded-host rerun: `make nightly`, not `make test`
 def test_the_ttl_finding_reaches_its_window_under_load(tmp_path):
     """The same finding under 4 busy loops: every timing premise kept, the leak seen (XFAIL)."""
     reports = tmp_path / "reports"

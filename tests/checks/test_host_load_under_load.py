@@ -48,6 +48,7 @@ def _busy_load():
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # a loaded-host rerun: `make nightly`, not `make test`
 def test_warm_phase_late_under_load_is_host_load_not_failed(tmp_path):
     path = tmp_path / "host-load-warm.yaml"
     path.write_text(SCENARIO.format(stack=STACK))
