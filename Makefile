@@ -43,13 +43,20 @@ demo: setup
 ## once), then the catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own
 ## stacks) beside the network-fault scenarios with the real Toxiproxy, then their comparison and
 ## the network suite under --backend compose. Each stage prints its wall time. The whole
-## real-proxy catalogue and the load reruns are in `make nightly`.
+## real-proxy catalogue, the tests marked nightly (loaded-host reruns) and `make test-loaded`
+## are in `make nightly`.
 TEST_JOBS ?= 3
 CHAOS_JOBS ?= 3
 test: setup image
-	@t0=$$(date +%s); 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos" -n $(TEST_JOBS) --dist loadfile tests; 	rc=$$?; echo "stage non-chaos: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
-	@t0=$$(date +%s); 	$(MAKE) --no-print-directory -j2 --output-sync=recurse test-chaos-bundled test-real-network; 	rc=$$?; echo "stage catalogue (bundled) beside network suite (real Toxiproxy): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
-	@t0=$$(date +%s); 	$(MAKE) --no-print-directory test-real-compare; 	rc=$$?; echo "stage compare and compose network suite: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile tests; \
+	rc=$$?; echo "stage non-chaos: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); \
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse test-chaos-bundled test-real-network; \
+	rc=$$?; echo "stage catalogue (bundled) beside network suite (real Toxiproxy): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); \
+	$(MAKE) --no-print-directory test-real-compare; \
+	rc=$$?; echo "stage compare and compose network suite: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 
 ## The catalogue with the bundled proxy (the first half of `make test`'s chaos stage).
 test-chaos-bundled: setup
@@ -79,7 +86,7 @@ else
 endif
 
 ## Nightly: the whole catalogue with the real Toxiproxy, compared with the bundled run scenario
-## by scenario; then `make test-loaded` (the test suite and three catalogue runs under 4 busy
+## by scenario; the tests marked nightly (loaded-host reruns); then `make test-loaded` (the test suite and three catalogue runs under 4 busy
 ## loops). Runs `make test` first for the bundled reports it compares with.
 nightly: test
 ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
@@ -89,6 +96,7 @@ else
 	$(PYTEST_CHAOS) -n $(CHAOS_JOBS) --kvchaos-proxy real --kvchaos-report-dir reports/chaos-real-all --junitxml=reports/junit-chaos-real-all.xml
 	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real-all --require-bitten
 endif
+	$(PY) -m pytest -q -p no:cacheprovider -m nightly -n $(TEST_JOBS) --dist loadfile tests
 	$(MAKE) --no-print-directory test-loaded
 
 # No real Toxiproxy binary: an error under CI, a skip elsewhere.
