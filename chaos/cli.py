@@ -1,13 +1,13 @@
 """The ``kvchaos`` command line.
 
 Exit codes (DESIGN.md): 0 all checks passed, 1 a check failed, 2 the scenario or stack file is
-invalid, 3 infrastructure error (a stack did not start), 4 inconclusive.
+invalid, 3 infrastructure error (a stack did not start), 4 inconclusive, 5 passed but a window
+not proven (``trigger: none``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -247,7 +247,8 @@ def run_cmd(
     """Run chaos scenarios against their stacks and check the invariants.
 
     Exit codes: 0 all checks passed, 1 a check failed, 2 a scenario or stack file is invalid,
-    3 infrastructure error (a stack did not start), 4 inconclusive (a fault never bit).
+    3 infrastructure error (a stack did not start), 4 inconclusive (a fault never bit, a window
+    not reached), 5 passed with a window not proven (``trigger: none``).
     """
     from chaos import interrupts
 
@@ -317,7 +318,7 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
                           f"{'left up (--keep-stack)' if keep_stack else 'stopped'}, reports written",
                           highlight=False)
         results, suite_dir = exc.results, exc.suite_dir
-    from chaos.report.model import InterruptInfo
+    from chaos.report.model import UNPROVEN, InterruptInfo
 
     info = None if stopped is None else InterruptInfo(signal=stopped.signal_name, exit_code=stopped.exit_code,
                                                       stage=stopped.stage)
@@ -328,6 +329,10 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
             bad = [c for c in r.checks if c.verdict != "passed"]
             for c in bad:
                 out.print(f"{r.scenario}: {c.name} {c.verdict}: {c.summary}", highlight=False)
+            if r.verdict == UNPROVEN:
+                for c in r.checks:
+                    if c.name == "evidence":
+                        out.print(f"{r.scenario}: {UNPROVEN}: {c.summary}", highlight=False)
             if r.interrupted:
                 out.print(f"{r.scenario}: interrupted by {r.interrupted.describe()}", highlight=False)
             if r.error:

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from chaos.httppool import pool_limits
 from chaos.prometheus import text_samples
 
-__all__ = ["Condition", "Trigger", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
+__all__ = ["Condition", "Trigger", "NO_TRIGGER", "conditions_of", "check_no_trigger_reason", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
            "http_base", "read_json_number", "read_metric", "LogCursor", "json_at",
            "trigger_problems", "stack_capabilities", "SAMPLE_EVERY_S"]
 
@@ -179,9 +179,34 @@ def _as_list(v: Any) -> Any:
 Trigger = list[Condition]
 
 
+#: ``trigger: none``: the author says no trigger proves this window (with a ``reason``); a run
+#: whose checks pass is then "passed (window not proven)", never plain passed.
+NO_TRIGGER = "none"
+
+
 def normalize_trigger(v: Any) -> Any:
-    """``trigger: {...}`` (one condition) is the same as ``trigger: [{...}]``."""
-    return _as_list(v)
+    """``trigger: {...}`` (one condition) is the same as ``trigger: [{...}]``; ``trigger: none``
+    stays the string ``"none"`` (:data:`NO_TRIGGER`)."""
+    return v if v == NO_TRIGGER else _as_list(v)
+
+
+def conditions_of(trigger: list[Condition] | str | None) -> list[Condition]:
+    """The conditions of a ``trigger`` field: ``[]`` for ``none`` or nothing."""
+    return [] if trigger is None or isinstance(trigger, str) else list(trigger)
+
+
+def check_no_trigger_reason(trigger: list[Condition] | str, reason: str | None) -> None:
+    """``trigger: none`` needs a ``reason``, and ``reason`` is only for ``trigger: none``.
+
+    Raises:
+        ValueError: one without the other.
+    """
+    if trigger == NO_TRIGGER and not (reason or "").strip():
+        raise ValueError("`trigger: none` needs a `reason`: say why nothing can prove this window (the run "
+                         "is then 'passed (window not proven)' at best)")
+    if trigger != NO_TRIGGER and reason is not None:
+        raise ValueError("`reason` is for `trigger: none` (why no trigger proves the window); drop it or "
+                         "say `trigger: none`")
 
 
 # --- the stack side ----------------------------------------------------------------------

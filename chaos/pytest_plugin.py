@@ -352,6 +352,12 @@ class ScenarioItem(pytest.Item):
             # bug: an unknown, not an XFAIL (which would claim the bug was reproduced).
             why = "; ".join(f"{c.name}: {c.summary}" for c in result.checks if c.verdict == "unknown")
             pytest.skip(f"inconclusive, the known bug was not reached: {why} (report: {run_dir}/report.html)")
+        from chaos.report.model import UNPROVEN
+
+        if result.verdict == UNPROVEN:
+            # The author said nothing proves a window (`trigger: none`): never a plain pass.
+            why = "; ".join(c.summary for c in result.checks if c.name == "evidence")
+            pytest.skip(f"{UNPROVEN}: {why} (report: {run_dir}/report.html)")
         if result.verdict != "passed":
             lines = [f"{c.name} {c.verdict}: {c.summary}" for c in result.checks if c.verdict != "passed"]
             lines.append(f"report: {run_dir}/report.html")

@@ -15,10 +15,20 @@ questions, answered separately:
   timeout of the system under test) ended at most that long after the start of the phase it
   names; the runner recorded a `window` op at the phase's end.
 
+A fault that declares no ``trigger`` is judged by its kind's **default trigger**
+(chaos/faults/base.py ``DefaultTrigger``, recorded by the runner on the apply op; for a history
+without that record, the kind's default from the params recorded at apply): its own
+evidence, a request of the workload in flight while it was in place, or one in flight when it
+took effect or sent after it; reported as "trigger (default for <kind>): ...".
+
 A fault that did not act, a trigger not reached or a timing premise broken makes the run
 inconclusive ("unknown"),
 never "passed": the scenario did not test what its description claims. This check never
-answers "failed": a window not reached says nothing about the system under test.
+answers "failed": a window not reached says nothing about the system under test. A fault or
+phase that says ``trigger: none`` (with a ``reason``) leaves its window unproven: the check
+passes and lists it under ``details.unproven``, and the run's verdict is "passed (window not
+proven)" (chaos/report/result.py), never plain passed. So is a fault of a kind this kvchaos
+does not know, with no trigger recorded.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from typing import Any, Sequence
 
 from chaos.checks.config import EvidenceConfig
 from chaos.checks.registry import coerce_config, register
-from chaos.checks.requests import FaultRecord, faults, op_dicts
+from chaos.checks.requests import FaultRecord, RequestRecord, faults, op_dicts, requests
 from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import Snapshots
 from chaos.history import Op
@@ -69,10 +79,87 @@ def _unreached(trigger: dict[str, Any]) -> str:
     return "not reached"
 
 
+def _in_flight(r: RequestRecord, start: float, end: float | None) -> bool:
+    """Sent before ``end`` (None: no end) and not answered before ``start``."""
+    return (end is None or r.invoke_time < end) and (r.end_time is None or r.end_time > start)
+
+
+def default_for(f: FaultRecord) -> dict[str, Any] | None:
+    """The default trigger of fault ``f``: what the runner recorded at apply, else its kind's
+    (chaos/faults/base.py ``Fault.default_trigger``, from the params recorded at apply); None
+    for ``trigger: none``, a declared trigger, or a kind this kvchaos does not know."""
+    if f.params.get("trigger") == "none" or f.trigger is not None:
+        return None
+    if f.default_trigger is not None:
+        return f.default_trigger
+    from chaos.faults import registry
+
+    registry.load_builtin_faults()
+    try:
+        cls = registry.get(f.kind)
+    except KeyError:
+        return None
+    try:
+        params = cls.params_model.model_validate({"kind": f.kind, **f.params})
+    except ValueError:
+        params = cls.params_model.model_construct(**{"kind": f.kind, **f.params})
+    try:
+        return cls.default_trigger(params).as_record(f.kind)
+    except Exception:  # settings missing from an old record: the kind's default is unknown
+        return None
+
+
+def judge_default(default: dict[str, Any], f: FaultRecord, reqs: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Whether fault ``f`` reached its kind's default trigger.
+
+    Args:
+        default: the runner's record ``{"kind", "basis", "text"}`` (chaos/faults/base.py
+            DefaultTrigger.as_record); basis ``evidence``, ``requests_in_place`` or
+            ``requests_from_apply``.
+        f: the fault, with its apply/heal times (s since run start) and evidence.
+        reqs: the run's requests (chaos/checks/requests.py).
+    Returns:
+        ``{"default": kind, "basis", "text", "reached": bool, "seen": str, "request_ids": [...]}``
+        (``request_ids``: up to 10 requests that met the fault, for the request bases).
+    """
+    basis = default.get("basis")
+    out: dict[str, Any] = {"default": default.get("kind") or f.kind, "basis": basis,
+                           "text": default.get("text") or ""}
+    if basis == "evidence":
+        key = default.get("evidence_field")
+        value = (f.evidence or {}).get(key) if key else None
+        field_ok = key is None or (value is True or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                     and value > 0))
+        seen = ("its evidence says it did not bite" if not f.bit
+                else f"its evidence has no {key} ({key}={value})" if not field_ok else "its evidence says it bit")
+        out.update(reached=f.bit and field_ok, seen=seen)
+        return out
+    if basis not in ("requests_in_place", "requests_from_apply"):
+        out.update(reached=False, seen=f"unknown basis {basis!r}")
+        return out
+    if f.applied_at is None or f.apply_outcome != "ok":
+        out.update(reached=False, seen="the fault was never in place")
+        return out
+    end = f.healed_at if basis == "requests_in_place" else None
+    met = [r for r in reqs if _in_flight(r, f.applied_at, end)]
+    where = "while it was in place" if basis == "requests_in_place" else "when it took effect or after"
+    out.update(reached=bool(met), request_ids=[r.request_id for r in met[:10]],
+               seen=f"{len(met)} request(s) in flight {where}" if met
+               else f"no request of the workload was in flight {where}")
+    return out
+
+
 def phase_triggers(history: Sequence[Op | dict[str, Any]]) -> list[dict[str, Any]]:
     """The phase triggers the runner recorded: ``[{"phase", "reached", "conditions", ...}]``."""
     return [{"phase": op.get("phase", ""), **(op.get("value") or {})} for op in op_dicts(history)
             if op.get("process") == "nemesis" and op.get("f") == "trigger"]
+
+
+def _label(row: dict[str, Any]) -> str:
+    if "fault_id" not in row:
+        return f"phase {row['phase']}"
+    label = (f"{row['kind']} {row['fault_id']}".strip() if row["kind"] != row["fault_id"] else row["fault_id"])
+    return f"{label} (phase {row['phase']})"
 
 
 def phase_windows(history: Sequence[Op | dict[str, Any]]) -> list[dict[str, Any]]:
@@ -95,46 +182,82 @@ def _missed(w: dict[str, Any]) -> str:
 @register(NAME, EvidenceConfig)
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: EvidenceConfig | dict[str, Any] | None = None) -> CheckResult:
-    """Require `bit: true` in every fault's evidence and every declared trigger reached.
+    """Require `bit: true` in every fault's evidence and every trigger (declared, or the kind's
+    default) reached.
 
     Args:
-        history: the run's ops; nemesis apply/heal ops and phase `trigger` ops are read.
+        history: the run's ops; nemesis apply/heal ops, phase `trigger` ops and the requests
+            (for default triggers) are read.
         snapshots: unused.
         config: EvidenceConfig (no settings) or None.
     Returns:
         CheckResult; details: `faults` (list of {fault_id, kind, phase, applied_at, healed_at,
-        evidence, bit, acted, trigger, trigger_reached, problem}; `trigger_reached` None when
-        the fault declares no trigger) and `phases` (list of {phase, trigger, trigger_reached,
-        problem}, then one {phase, window, window_kept, problem} per ``ends_within``).
+        evidence, bit, acted, trigger, trigger_reached, default_trigger, unproven, problem};
+        `trigger_reached` None when nothing proves the window), `phases` (list of {phase,
+        trigger, trigger_reached, problem}, then one {phase, window, window_kept, problem} per
+        ``ends_within``) and `unproven` (one line per fault or phase whose window nothing
+        proves: ``trigger: none`` and its reason). Passed with `unproven` not empty: the run's
+        verdict is "passed (window not proven)".
     """
     coerce_config(config, EvidenceConfig)
     fs = faults(history)
+    defaults = {f.fault_id: default_for(f) for f in fs}
+    reqs = requests(history) if any(defaults.values()) else []
     rows = []
+    unproven: list[str] = []
     for f in fs:
         problem = _why_not(f)
-        reached = None if f.trigger is None else f.trigger.get("reached") is True
-        if problem is None and reached is False:
-            problem = "trigger " + _unreached(f.trigger or {})
-        rows.append({"fault_id": f.fault_id, "kind": f.kind, "phase": f.phase, "applied_at": f.applied_at,
-                     "healed_at": f.healed_at, "evidence": f.evidence, "bit": f.bit, "acted": f.bit,
-                     "trigger": f.trigger, "trigger_reached": reached, "problem": problem})
+        default = None
+        none = f.params.get("trigger") == "none"
+        recorded = defaults[f.fault_id]
+        if f.trigger is not None:
+            reached: bool | None = f.trigger.get("reached") is True
+            if problem is None and not reached:
+                problem = "trigger " + _unreached(f.trigger or {})
+        elif recorded is not None:
+            default = judge_default(recorded, f, reqs)
+            reached = default["reached"]
+            if problem is None and not reached:
+                problem = f"trigger (default for {default['default']}) not reached: {default['text']} ({default['seen']})"
+        else:
+            reached = None
+        row = {"fault_id": f.fault_id, "kind": f.kind, "phase": f.phase, "applied_at": f.applied_at,
+               "healed_at": f.healed_at, "evidence": f.evidence, "bit": f.bit, "acted": f.bit,
+               "trigger": f.trigger, "trigger_reached": reached, "default_trigger": default,
+               "unproven": None, "problem": problem}
+        if reached is None:
+            row["unproven"] = (f"trigger: none ({f.params.get('reason') or 'no reason given'})" if none
+                               else f"no trigger declared and no default known for kind {f.kind!r}")
+            unproven.append(f"{_label(row)}: {row['unproven']}")
+        rows.append(row)
     phases = []
     for t in phase_triggers(history):
+        if t.get("none"):
+            row = {"phase": t["phase"], "trigger": t, "trigger_reached": None, "problem": None,
+                   "unproven": f"trigger: none ({t.get('reason') or 'no reason given'})"}
+            unproven.append(f"{_label(row)}: {row['unproven']}")
+            phases.append(row)
+            continue
         reached = t.get("reached") is True
         phases.append({"phase": t["phase"], "trigger": t, "trigger_reached": reached,
                        "problem": None if reached else "trigger " + _unreached(t)})
-    triggers = [r for r in rows if r["trigger_reached"] is not None] + phases
+    triggers = [r for r in rows if r["trigger_reached"] is not None] + \
+        [p for p in phases if p["trigger_reached"] is not None]
     windows = []
     for w in phase_windows(history):
         kept = w.get("reached") is True
         windows.append({"phase": w["phase"], "window": w, "window_kept": kept,
                         "problem": None if kept else _missed(w)})
     phases = phases + windows
-    details = {"faults": rows, "phases": phases}
+    details = {"faults": rows, "phases": phases, "unproven": unproven}
     reached_n = sum(1 for r in triggers if r["trigger_reached"])
-    trig_text = f"triggers reached: {reached_n} of {len(triggers)}" if triggers else "no trigger declared"
+    defaults_n = sum(1 for r in rows if r.get("default_trigger") is not None)
+    trig_text = (f"triggers reached: {reached_n} of {len(triggers)}"
+                 + (f" ({defaults_n} the kind's default)" if defaults_n else "")) if triggers else "no trigger"
     if windows:
         trig_text += f"; timing premises kept: {sum(1 for w in windows if w['window_kept'])} of {len(windows)}"
+    if unproven:
+        trig_text += f"; windows not proven: {len(unproven)} ({'; '.join(unproven)})"
     if not fs and not phases:
         return CheckResult(name=NAME, verdict="passed", summary="no faults and no trigger in this scenario",
                            details=details)
@@ -143,15 +266,18 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     dull = [r for r in rows if r["problem"]] + [p for p in phases if p["problem"]]
     if dull:
         first = dull[0]
-        if "fault_id" in first:
-            label = (f"{first['kind']} {first['fault_id']}".strip() if first["kind"] != first["fault_id"]
-                     else first["fault_id"])
-            where = f"{label} (phase {first['phase']})"
-        else:
-            where = f"phase {first['phase']}"
         return CheckResult(
             name=NAME, verdict="unknown",
-            summary=f"inconclusive: {acted_text}; {trig_text}; {where}: {first['problem']}",
+            summary=f"inconclusive: {acted_text}; {trig_text}; {_label(first)}: {first['problem']}",
             details=details)
     names = f" ({', '.join(r['fault_id'] for r in rows)})" if rows else ""
     return CheckResult(name=NAME, verdict="passed", summary=f"{acted_text}{names}; {trig_text}", details=details)
+
+
+def unproven_windows(checks: Sequence[Any]) -> list[str]:
+    """The windows nothing proved in a run whose `evidence` check ran (its
+    ``details.unproven``): ``[]`` when every window was proven or the check did not run."""
+    for c in checks:
+        if getattr(c, "name", None) == NAME:
+            return list((getattr(c, "details", None) or {}).get("unproven") or [])
+    return []

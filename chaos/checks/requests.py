@@ -223,6 +223,9 @@ class FaultRecord(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     evidence: dict[str, Any] | None = None
     trigger: dict[str, Any] | None = None
+    #: The kind's default trigger the runner recorded at apply (``{"kind", "basis", "text"}``;
+    #: chaos/faults/base.py DefaultTrigger) when the fault declares no ``trigger``.
+    default_trigger: dict[str, Any] | None = None
     error: str | None = None
 
     @property
@@ -262,6 +265,8 @@ def faults(history: Iterable[Op | dict[str, Any]]) -> list[FaultRecord]:
             if op.get("type") == "invoke":
                 rec.applied_at = float(op.get("time") or 0.0)
                 rec.params = dict(value.get("params") or {k: v for k, v in value.items() if k != "kind"})
+                if isinstance(value.get("default_trigger"), dict):
+                    rec.default_trigger = value["default_trigger"]
             else:
                 rec.apply_outcome = op.get("type")
                 if rec.applied_at is None or op.get("type") == "ok":

@@ -23,6 +23,12 @@ stack that cannot run it (exit 2, naming the missing capability):
   settings (``preempt`` via ``hook`` or ``pool``, ``l2_corrupt``'s ``target``); the default
   returns ``needs``.
 Links and services a fault names are checked on their own (``stack_refs``).
+
+What it means, for a kind, that a fault reached the system under test is its *default trigger*
+(:class:`DefaultTrigger`, from ``default_trigger(params)``): used when the scenario declares no
+``trigger`` of its own, evaluated by the `evidence` check from the history, and reported as the
+default ("trigger (default for latency): ..."). A new kind inherits "its own evidence is the
+window" unless it says more.
 """
 
 from __future__ import annotations
@@ -36,13 +42,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.duration import Duration, PositiveDuration
-from chaos.probes import Condition, normalize_trigger
+from chaos.probes import NO_TRIGGER, Condition, check_no_trigger_reason, conditions_of, normalize_trigger
 
 if TYPE_CHECKING:  # only for type hints; each is written by another layer
     from chaos.history import HistoryWriter
     from chaos.proxy.client import ToxiproxyClient
 
-__all__ = ["FaultParams", "Fault", "FaultContext", "FAULT_ID_PATTERN"]
+__all__ = ["FaultParams", "Fault", "FaultContext", "FAULT_ID_PATTERN", "DefaultTrigger", "TRIGGER_BASES"]
 
 FAULT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 
@@ -87,17 +93,39 @@ class FaultParams(BaseModel):
     until: Literal["end"] | None = Field(
         default=None, description="`end`: the fault lasts until its phase ends"
     )
-    trigger: list[Condition] = Field(
+    trigger: list[Condition] | Literal["none"] = Field(
         default_factory=list,
         description="what must be seen while the fault is in place for the scenario to count (one "
         "condition or a list, all must be seen): a metric or JSON number of a service that grew_by "
-        "or reached N, or a log line that matched; not seen: the run is inconclusive",
+        "or reached N, or a log line that matched; not seen: the run is inconclusive. Omitted: the "
+        "kind's default trigger (docs/scenarios.md). `none` (with `reason`): nothing proves the "
+        "window, and a run whose checks pass is 'passed (window not proven)'",
+    )
+    reason: str | None = Field(
+        default=None, min_length=1,
+        description="with `trigger: none`: why nothing can prove that this fault reached the system "
+        "under test (required there, not allowed otherwise)",
     )
 
     @field_validator("trigger", mode="before")
     @classmethod
     def _one_or_list(cls, v: Any) -> Any:
         return normalize_trigger(v)
+
+    @model_validator(mode="after")
+    def _none_needs_reason(self) -> FaultParams:
+        check_no_trigger_reason(self.trigger, self.reason)
+        return self
+
+    @property
+    def conditions(self) -> list[Condition]:
+        """The declared trigger's conditions (``[]``: none declared, or ``trigger: none``)."""
+        return conditions_of(self.trigger)
+
+    @property
+    def window_unproven(self) -> bool:
+        """``trigger: none``: the author says nothing proves this fault's window."""
+        return self.trigger == NO_TRIGGER
 
     @model_validator(mode="after")
     def _duration_or_until(self) -> FaultParams:
@@ -132,6 +160,43 @@ class FaultParams(BaseModel):
         service). Checked by chaos.scenario.loader.validate_against_stack.
         """
         return {}
+
+
+#: How a default trigger is judged from the history (chaos/checks/evidence.py):
+#: ``evidence``: the fault's own evidence already is the window (it counts what the system under
+#: test did: a preemption the engine counted, a load LMCache failed); ``requests_in_place``: a
+#: request of the workload was in flight while the fault was in place; ``requests_from_apply``:
+#: a request of the workload was in flight when the fault took effect or was sent after it (this
+#: phase or a later one), so it met the outage or what the fault left behind.
+TRIGGER_BASES = ("evidence", "requests_in_place", "requests_from_apply")
+
+
+@dataclass(frozen=True)
+class DefaultTrigger:
+    """What it means, for one fault kind, that a fault reached the system under test.
+
+    Attributes:
+        basis: one of :data:`TRIGGER_BASES`.
+        text: one line for reports ("a request of the workload crossed the link while ...").
+        needs: capabilities (chaos/stack/capabilities.py; ``"a|b"``: either) the default needs
+            to be observable; on a stack without one, validation warns that the default cannot
+            apply (the run would be inconclusive).
+        evidence_field: basis ``evidence`` only: the evidence must also hold a true or positive
+            value under this key (``disk_full``: stores LMCache counted as failed, not only a
+            full filesystem).
+    """
+
+    basis: Literal["evidence", "requests_in_place", "requests_from_apply"]
+    text: str
+    needs: frozenset[str] = frozenset()
+    evidence_field: str | None = None
+
+    def as_record(self, kind: str) -> dict[str, Any]:
+        """What the runner records on the apply op (``value.default_trigger``)."""
+        out: dict[str, Any] = {"kind": kind, "basis": self.basis, "text": self.text}
+        if self.evidence_field:
+            out["evidence_field"] = self.evidence_field
+        return out
 
 
 @dataclass
@@ -177,6 +242,14 @@ class Fault(ABC):
     def capability_needs(cls, params: FaultParams) -> set[str]:
         """What this fault, with these settings, needs from the stack (default: ``needs``)."""
         return set(cls.needs)
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The window this fault reaches when the scenario declares no ``trigger``: by default,
+        the fault's own evidence. Kinds whose evidence does not show the system under test met
+        the fault (a toxic on a link only heartbeats crossed) override this."""
+        return DefaultTrigger("evidence", f"the {cls.kind} fault's own evidence (it counts what the system "
+                              "under test did)")
 
     def __init__(self, params: FaultParams) -> None:
         if not isinstance(params, self.params_model):

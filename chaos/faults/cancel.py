@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
 from chaos.workload.client import Cancel
 
@@ -133,6 +133,17 @@ class CancelFault(Fault):
 
     params_model = CancelParams
     params: CancelParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The abort landed where it aimed (the fault's evidence): with ``at_state``, in that
+        state as the engine reports it; otherwise a request aborted before its answer ended."""
+        state = getattr(params, "state", None)
+        if getattr(params, "mode", None) == "at_state":
+            return DefaultTrigger("evidence", f"an abort landed in state {state}, as the engine reports "
+                                  "(the fault's evidence)")
+        return DefaultTrigger("evidence", "a request of the window was aborted before its answer was "
+                              "complete (the fault's evidence)")
 
     @classmethod
     def capability_needs(cls, params: FaultParams) -> set[str]:

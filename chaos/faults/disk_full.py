@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import httpx
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.prometheus import scrape_counters
@@ -94,6 +94,14 @@ class DiskFull(Fault):
     params_model = DiskFullParams
     needs = ("l2.fs", "l2.fs.size_cap")
     params: DiskFullParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """LMCache counted L2 stores that failed while the disk was full (its /metrics; a full
+        filesystem alone does not show that a store met it)."""
+        return DefaultTrigger("evidence", "LMCache counted L2 stores that failed while the disk was full "
+                              "(its /metrics)", needs=frozenset({"lmcache.http"}),
+                              evidence_field="failed_store_chunks")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

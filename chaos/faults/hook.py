@@ -23,7 +23,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
 from chaos.probes import json_at, read_json_number
 from chaos.stack.interpolate import interpolate, interpolate_data
@@ -125,6 +125,12 @@ class Hook(Fault):
 
     params_model = HookParams
     params: HookParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The hook's own evidence spec: kvchaos cannot tell more from a URL or a command."""
+        return DefaultTrigger("evidence", "the hook's evidence spec was met (what the author said shows "
+                              "it bit)")
 
     @classmethod
     def capability_needs(cls, params: FaultParams) -> set[str]:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from chaos.duration import PositiveDuration
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.registry import register
 
 __all__ = ["KillParams", "Kill", "wait_exited", "require_stack"]
@@ -83,6 +83,15 @@ class Kill(Fault):
 
     params_model = KillParams
     params: KillParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """A request of the workload was in flight when the service went down, or was sent after
+        (in this phase or a later one): the service's clients met the outage or the restarted
+        service (a kill nobody's request met afterwards tested nothing)."""
+        return DefaultTrigger("requests_from_apply", "a request of the workload was in flight when the "
+                              "service went down or was sent after it, so the service's clients met the "
+                              "outage or the restarted service")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

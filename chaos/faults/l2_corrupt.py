@@ -29,8 +29,15 @@ whose access time moved after it was corrupted (the L2 is mounted with atime upd
 the Linux default, updates it on the first read after a write), a Redis key that a client sent a
 GET for (Redis' SLOWLOG, its threshold set to 0 while the fault is active and restored at heal);
 (b) LMCache's own count of chunks its lookup found in L2 that then failed to load
-(``lmcache_mp_l2_prefetch_failure_chunks_total``), which sees failed reads only. With
-``must_be_read`` (default for truncate and bitflip) the fault bit only when a read was seen.
+(``lmcache_mp_l2_prefetch_failure_chunks_total``), which sees failed reads only; (c) for
+``delete``, whose objects leave no access time to read, LMCache's own count of L2 lookups it made
+while the objects were gone (``lmcache_mp_l2_prefetch_lookup_requests_total``: it asked its L2
+for a request's chunks after the delete). With ``must_be_read`` (the default, for every mode) the
+fault bit only when a read was seen: a delete that no lookup met tested nothing.
+
+Default trigger (when the scenario declares none): that read (``read`` in the evidence), even
+with ``must_be_read: false``; reads are observable through the fs L2's access times (not for
+``delete``), Redis' SLOWLOG (``l2.redis``) or LMCache's /metrics (``lmcache.http``).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import httpx
 from pydantic import Field, model_validator
 
 from chaos.duration import PositiveDuration
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.disk_full import LMCACHE_MARKER
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
@@ -57,6 +64,8 @@ __all__ = ["L2CorruptParams", "L2Corrupt", "RedisReadLog", "corrupt_file", "corr
 
 #: LMCache 0.5.6 (v1/mp_observability/subscribers/metrics/l2_failures.py), as exported on /metrics.
 LOAD_FAILURES = "lmcache_mp_l2_prefetch_failure_chunks_total"
+#: LMCache 0.5.6's count of L2 prefetch lookups (its L2 asked for a request's chunks), on /metrics.
+L2_LOOKUPS = "lmcache_mp_l2_prefetch_lookup_requests_total"
 
 _FS_SUFFIX = ".data"
 
@@ -82,7 +91,7 @@ class L2CorruptParams(FaultParams):
     must_be_read: bool | None = Field(
         default=None,
         description="the fault bit only when a corrupted object was read while the fault was active "
-        "(default: true for truncate and bitflip, false for delete)",
+        "(default: true, for every mode; for delete, a read is an L2 lookup LMCache made after it)",
     )
     target: Literal["fs", "redis", "both"] = Field(
         default="both",
@@ -121,7 +130,7 @@ class L2CorruptParams(FaultParams):
     @property
     def reads_required(self) -> bool:
         """Whether the fault bites only when a corrupted object was read."""
-        return self.mode != "delete" if self.must_be_read is None else self.must_be_read
+        return True if self.must_be_read is None else self.must_be_read
 
 
 FLIPS_SHOWN = 8  # flipped (offset, bit) pairs listed per object in the evidence
@@ -326,6 +335,21 @@ class L2Corrupt(Fault):
     params_model = L2CorruptParams
 
     @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """A corrupted (or deleted) object was read while the fault was active (``read`` in the
+        evidence, whatever ``must_be_read`` says). A deleted file leaves no access time, so a
+        delete needs Redis' SLOWLOG or LMCache's /metrics to see a read; other modes can also
+        use the fs L2's access times."""
+        mode = getattr(params, "mode", "")
+        target = getattr(params, "target", "both")
+        needs: frozenset[str] = frozenset()
+        if mode == "delete":
+            needs = frozenset({"lmcache.http|l2.redis"}) if target != "fs" else frozenset({"lmcache.http"})
+        what = "deleted" if mode == "delete" else "corrupted"
+        return DefaultTrigger("evidence", f"a {what} L2 object was read while the fault was active "
+                              "(the fault's evidence)", needs=needs, evidence_field="read")
+
+    @classmethod
     def capability_needs(cls, params: FaultParams) -> set[str]:
         """The L2 tier(s) ``target`` names; ``both`` needs at least one of them."""
         target = getattr(params, "target", "both")
@@ -346,6 +370,8 @@ class L2Corrupt(Fault):
         self._metrics_url: str | None = None
         self._failures_before: float | None = None
         self._failures_after: float | None = None
+        self._lookups_before: float | None = None
+        self._lookups_after: float | None = None
         self._redis: Any = None
         self._redis_reads: RedisReadLog | None = None
         self._fs_path: Path | None = None
@@ -467,18 +493,22 @@ class L2Corrupt(Fault):
             except Exception as exc:  # keep going; reported at heal
                 self._errors.append(f"{type(exc).__name__}: {exc}")
 
-    def _load_failures(self) -> float | None:
+    def _load_failures(self, name: str = LOAD_FAILURES, labels: dict[str, str] | None = None) -> float | None:
+        """LMCache's counter ``name`` (default: load failures, reason not_found); None when its
+        /metrics cannot be read or are not LMCache's."""
         if self._metrics_url is None:
             return None
+        if name == LOAD_FAILURES and labels is None:
+            labels = {"reason": "not_found"}
         try:
-            got = scrape_counters(self._metrics_url, [LOAD_FAILURES], labels={"reason": "not_found"})
+            got = scrape_counters(self._metrics_url, [name], labels=labels)
             marker = scrape_counters(self._metrics_url, [LMCACHE_MARKER])[LMCACHE_MARKER]
         except (httpx.HTTPError, ValueError):
             return None
         if marker is None:
             return None  # not LMCache's metrics
         # OTel counters appear on their first increment: absent means none yet.
-        return got[LOAD_FAILURES] or 0.0
+        return got[name] or 0.0
 
     # --- fault ---------------------------------------------------------------------------
     def apply(self, ctx: FaultContext) -> dict[str, Any]:
@@ -512,6 +542,8 @@ class L2Corrupt(Fault):
                 self._errors.append(f"reads of Redis objects not observed: SLOWLOG settings refused ({exc})")
         self._metrics_url = f"{s.lmcache_http.rstrip('/')}/metrics" if s.lmcache_http else None
         self._failures_before = self._load_failures()
+        if self.params.mode == "delete":
+            self._lookups_before = self._load_failures(L2_LOOKUPS, {})
         n = self._pass(ctx)
         self._thread = threading.Thread(target=self._repeat, args=(ctx, self.params.repeat_every),
                                         name=f"l2_corrupt-{self.id}", daemon=True)
@@ -526,6 +558,8 @@ class L2Corrupt(Fault):
         if self._thread is not None:
             self._thread.join(30)
         self._failures_after = self._load_failures()
+        if self.params.mode == "delete":
+            self._lookups_after = self._load_failures(L2_LOOKUPS, {})
         with self._lock:
             self._observe_fs_reads()
         if self._redis_reads is not None:
@@ -566,17 +600,22 @@ class L2Corrupt(Fault):
         reads = self._reads()
         seen = [v for v in (reads["fs"], reads["redis"]) if v is not None]
         objects_read = sum(seen) if seen else None
-        read = bool(objects_read) or bool(delta)
+        lookups = None
+        if self._lookups_before is not None and self._lookups_after is not None:
+            lookups = self._lookups_after - self._lookups_before
+        read = bool(objects_read) or bool(delta) or bool(lookups)
         required = self.params.reads_required
         out: dict[str, Any] = {"bit": total > 0 and (read or not required), "corrupted": total,
                                "by_target": {t: len(v) for t, v in self._done.items()},
                                "objects": [dict(o, target=t) for t, v in self._done.items() for o in v][:50],
                                "reads_of_corrupted": objects_read, "reads": reads,
-                               "lmcache_load_failures": delta, "must_be_read": required}
+                               "lmcache_load_failures": delta, "must_be_read": required, "read": read}
+        if self.params.mode == "delete":
+            out["lmcache_l2_lookups"] = lookups
         if total == 0:
             out["reason"] = "no stored object matched when the fault ran"
         elif required and not read:
-            if objects_read is None and delta is None:
+            if objects_read is None and delta is None and lookups is None:
                 out["reason"] = ("reads of the corrupted objects could not be observed (no atime on the fs L2, "
                                  "no Redis SLOWLOG, no LMCache /metrics)")
             else:

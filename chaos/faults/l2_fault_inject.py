@@ -39,7 +39,7 @@ import httpx
 from pydantic import Field, model_validator
 
 from chaos.duration import Duration
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import ProbeError, read_metric
@@ -158,6 +158,12 @@ class L2FaultInject(Fault):
 
     #: the wrapped --l2-adapter arguments, and LMCache's /status and /metrics for the evidence
     needs = ("lmcache.l2_wrap", "lmcache.http")
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """LMCache counted a load from a wrapped adapter that failed (the fault's evidence)."""
+        return DefaultTrigger("evidence", "LMCache counted a failed load from the wrapped L2 adapter "
+                              "(the fault's evidence)")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from chaos.faults.base import Fault, FaultContext
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.network import LinkParams, LinkWindow, jsonable, require_proxy
 from chaos.faults.registry import register
 
@@ -33,6 +33,12 @@ class LinkDown(Fault):
 
     params_model = LinkDownParams
     params: LinkDownParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """A request of the workload was in flight while the link was down."""
+        return DefaultTrigger("requests_in_place", "a request of the workload was in flight while the link "
+                              "was down")
 
     def __init__(self, params: LinkDownParams) -> None:
         super().__init__(params)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 
@@ -58,6 +58,12 @@ class LMCacheCall(Fault):
     params_model = LMCacheCallParams
     params: LMCacheCallParams
     needs = ("engine.hooks.lmcache",)
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The engine made the call on a healthy LMCache adapter (the fault's evidence)."""
+        return DefaultTrigger("evidence", "the engine made the call while its LMCache adapter was healthy "
+                              "(the fault's evidence)")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

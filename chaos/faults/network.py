@@ -48,7 +48,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 
 __all__ = ["LinkParams", "ToxicParams", "ToxicFault", "LinkWindow", "require_proxy", "acted_on", "received_bytes",
            "link_effects", "jsonable", "BLOCKING_TOXICS", "blocker_removed"]
@@ -372,6 +372,13 @@ class ToxicFault(Fault):
 
     toxic_type: ClassVar[str]
     params: ToxicParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """A request of the workload was in flight while the toxic was in place (its evidence:
+        traffic crossed the link then), so it met the toxic, not only heartbeats did."""
+        return DefaultTrigger("requests_in_place", "a request of the workload was in flight while the toxic "
+                              "was on the link (and, as its evidence shows, traffic crossed it)")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import psutil
 from pydantic import Field
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 
@@ -87,6 +87,13 @@ class Pause(Fault):
 
     params_model = PauseParams
     params: PauseParams
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """A request of the workload was in flight while the service was frozen: its clients met
+        the freeze (timeouts, not resets)."""
+        return DefaultTrigger("requests_in_place", "a request of the workload was in flight while the "
+                              "service was frozen, so its clients met the freeze")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

@@ -31,7 +31,7 @@ import httpx
 from pydantic import Field
 
 from chaos.duration import PositiveDuration
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.prometheus import scrape_counters
@@ -69,6 +69,13 @@ class Preempt(Fault):
     params_model = PreemptParams
     params: PreemptParams
     needs = ("engine.metrics",)
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The engine counted a preemption while the fault was in place (its /metrics counter:
+        the fault's evidence; vLLM and the reference engine both count it)."""
+        return DefaultTrigger("evidence", "the engine counted a preemption while the fault was in place "
+                              "(the fault's evidence)")
 
     @classmethod
     def capability_needs(cls, params: FaultParams) -> set[str]:

@@ -35,7 +35,7 @@ import httpx
 from pydantic import Field
 
 from chaos.duration import PositiveDuration
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.faults.stall import arm_stall, clear_stall, stall_line
@@ -81,6 +81,12 @@ class RetrieveFail(Fault):
     #: the stall hook holds the engine; its counter says when the load failed (and its log line,
     #: which every stack has, when it is held)
     needs = ("engine.hooks.stall", "engine.metrics")
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The engine counted a failed load while its path was broken (the fault's evidence)."""
+        return DefaultTrigger("evidence", "the engine counted a failed load while its retrieve path was "
+                              "broken (the fault's evidence)")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

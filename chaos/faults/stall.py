@@ -26,7 +26,7 @@ import httpx
 from pydantic import Field
 
 from chaos.duration import PositiveDuration
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import LogCursor, ProbeError
@@ -93,6 +93,12 @@ class Stall(Fault):
     params_model = StallParams
     params: StallParams
     needs = ("engine.hooks.stall",)
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """The engine held a request at the stall's point (its log line: the fault's evidence)."""
+        return DefaultTrigger("evidence", f"the engine held a request at {getattr(params, 'point', 'its point')} "
+                              "(its log; the fault's evidence)")
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 from pydantic import Field, field_validator
 
-from chaos.faults.base import Fault, FaultContext, FaultParams
+from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
 from chaos.probes import ProbeError, json_at, read_metric
@@ -245,6 +245,13 @@ class TierFlush(Fault):
     #: What each tier's flush calls (chaos/stack/capabilities.py).
     TIER_NEEDS: ClassVar[dict[str, str]] = {"engine": "engine.reset_prefix_cache", "l1": "lmcache.http",
                                             "redis": "l2.redis", "fs": "l2.fs"}
+
+    @classmethod
+    def default_trigger(cls, params: FaultParams) -> DefaultTrigger:
+        """A request of the workload was in flight at the flush or sent after it (this phase or a
+        later one): its lookup met the emptied tier."""
+        return DefaultTrigger("requests_from_apply", "a request of the workload was in flight at the flush or "
+                              "sent after it, so its lookup met the emptied tier")
 
     @classmethod
     def capability_needs(cls, params: FaultParams) -> set[str]:

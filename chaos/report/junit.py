@@ -6,6 +6,9 @@ Mapping of verdicts (the JUnit schema that Jenkins, GitLab and GitHub reporters 
              (under xfail: <skipped type="xfail" message="xfail: <reason>: <summary>"/>, as pytest)
 - unknown -> <error message="<check summary>" type="inconclusive">; an inconclusive check must
              not read as green.
+- a run "passed (window not proven)" (``trigger: none``): its `evidence` testcase is
+  <skipped type="window-not-proven" message="passed (window not proven): <summary>"/>, never
+  a plain pass.
 An infrastructure error adds a testcase "run" carrying <error type="infrastructure">; a run
 stopped by SIGINT/SIGTERM one carrying <error type="interrupted">.
 """
@@ -16,7 +19,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from chaos.report.model import RunResult
+from chaos.report.model import UNPROVEN, RunResult
 
 _MAX_DETAIL = 20_000  # characters of details JSON per testcase, to keep CI pages loadable
 
@@ -59,6 +62,9 @@ def run_testsuite(result: RunResult) -> ET.Element:
         elif chk.verdict == "unknown":
             ET.SubElement(tc, "error", message=chk.summary, type="inconclusive").text = body
             errors += 1
+        elif chk.name == "evidence" and result.verdict == UNPROVEN:
+            ET.SubElement(tc, "skipped", type="window-not-proven", message=f"{UNPROVEN}: {chk.summary}")
+            skipped += 1
         else:
             ET.SubElement(tc, "system-out").text = chk.summary
     total = result.durations.total_s or 0.0

@@ -16,9 +16,17 @@ from chaos.stats import RunStats
 
 SCHEMA_VERSION = 1
 
-RunVerdict = Literal["passed", "failed", "unknown", "interrupted"]
-"""A run's verdict: the checks' (chaos.checks.result.Verdict), or "interrupted" when SIGINT or
-SIGTERM stopped it before its checks gave one."""
+#: A run whose checks all passed while a window of it was not proven (a fault or phase that
+#: says ``trigger: none``): never plain "passed".
+UNPROVEN = "passed (window not proven)"
+
+RunVerdict = Literal["passed", "failed", "unknown", "interrupted", "passed (window not proven)"]
+"""A run's verdict: the checks' (chaos.checks.result.Verdict), "passed (window not proven)"
+(:data:`UNPROVEN`) when they passed but a window was not proven, or "interrupted" when SIGINT
+or SIGTERM stopped it before its checks gave one."""
+
+#: Rank of run verdicts, worse higher (a suite's verdict is its worst run's).
+RUN_RANK: dict[str, int] = {"passed": 0, UNPROVEN: 1, "unknown": 2, "failed": 3, "interrupted": 4}
 
 # Exit codes of `kvchaos run` (DESIGN.md).
 EXIT_PASSED = 0
@@ -26,6 +34,9 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_INFRA = 3
 EXIT_INCONCLUSIVE = 4
+#: Every check passed but a window was not proven (``trigger: none``): not 0, so that a CI that
+#: only asks "did it pass?" is not told yes; not 4, since the author said so on purpose.
+EXIT_UNPROVEN = 5
 
 
 class XfailInfo(BaseModel):
@@ -165,7 +176,8 @@ class SuiteResult(BaseModel):
     """suite.json: several scenario runs.
 
     exit_code: the worst run's (1 if any failed, else 3 if any infra error, else 4 if any
-    inconclusive, else 0); 130/143 when a signal stopped the suite (``interrupted``).
+    inconclusive, else 5 if any passed with a window not proven, else 0); 130/143 when a signal
+    stopped the suite (``interrupted``).
     """
 
     schema_version: int = SCHEMA_VERSION

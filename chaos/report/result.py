@@ -7,22 +7,25 @@ from typing import Any, Iterable
 from chaos.checks.requests import faults, op_dicts
 from chaos.checks.result import CheckResult, Verdict, combine
 from chaos.checks.snapshots import ServiceExit
-from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, Durations,
-                                FaultSummary, InterruptInfo, PhaseSpan, RunResult, RunVerdict, XfailInfo)
+from chaos.checks.evidence import unproven_windows
+from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, EXIT_UNPROVEN, UNPROVEN,
+                                Durations, FaultSummary, InterruptInfo, PhaseSpan, RunResult, RunVerdict,
+                                XfailInfo)
 from chaos.stats import compute_stats, output_matches_from_checks
 
 
-def exit_code(verdict: Verdict, xfail: XfailInfo | None = None, error: str | None = None) -> int:
+def exit_code(verdict: Verdict | RunVerdict, xfail: XfailInfo | None = None, error: str | None = None) -> int:
     """Exit code of `kvchaos run` for a run.
 
     Args:
-        verdict: the combined verdict of the checks.
+        verdict: the combined verdict of the checks, or "passed (window not proven)".
         xfail: set when the scenario is expected to fail (known bug).
         error: infrastructure error text (stack did not start, runner crashed).
     Returns:
         3 on an infrastructure error; else 4 when inconclusive; else 1 when failed (0 under
         xfail: the known bug showed, as expected); else 0 (also under xfail: "xpassed", which
-        the report flags but which does not break the build, as pytest's non-strict xfail).
+        the report flags but which does not break the build, as pytest's non-strict xfail);
+        5 for "passed (window not proven)" (also under xfail).
     """
     if error:
         return EXIT_INFRA
@@ -30,6 +33,8 @@ def exit_code(verdict: Verdict, xfail: XfailInfo | None = None, error: str | Non
         return EXIT_INCONCLUSIVE
     if verdict == "failed":
         return EXIT_PASSED if xfail is not None else EXIT_FAILED
+    if verdict == UNPROVEN:
+        return EXIT_UNPROVEN
     return EXIT_PASSED
 
 
@@ -81,12 +86,16 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
             "interrupted" and exit code 128 + the signal's number (its ``exit_code``).
         proxy: the stack's fault proxy (``Stack.proxy_info``), recorded as is.
     Returns:
-        RunResult with verdict = combine(checks), stats, faults, phases and exit_code.
+        RunResult with verdict = combine(checks) ("passed (window not proven)" instead of
+        "passed" when the `evidence` check lists windows nothing proved), stats, faults, phases
+        and exit_code.
     """
     ops = op_dicts(history)
     if isinstance(interrupted, dict):
         interrupted = InterruptInfo.model_validate(interrupted)
     verdict: RunVerdict = "interrupted" if interrupted else "unknown" if error else combine(checks)
+    if verdict == "passed" and unproven_windows(checks):
+        verdict = UNPROVEN
     xf: XfailInfo | None = None
     if xfail is not None:
         raw = xfail if isinstance(xfail, dict) else (xfail.model_dump() if hasattr(xfail, "model_dump") else vars(xfail))

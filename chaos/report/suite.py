@@ -7,12 +7,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from chaos.checks.result import worst
 from chaos.report.junit import write_junit
-from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, InterruptInfo,
-                                RunResult, SuiteEntry, SuiteResult)
+from chaos.report.model import (EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_PASSED, EXIT_UNPROVEN,
+                                RUN_RANK, UNPROVEN, InterruptInfo, RunResult, SuiteEntry, SuiteResult)
 
-_STYLE = {"passed": "green", "failed": "bold red", "unknown": "yellow", "interrupted": "magenta"}
+_STYLE = {"passed": "green", "failed": "bold red", "unknown": "yellow", "interrupted": "magenta",
+          UNPROVEN: "cyan"}
 
 
 def _summary(r: RunResult) -> str:
@@ -21,6 +21,8 @@ def _summary(r: RunResult) -> str:
     if r.error:
         return f"infrastructure error: {r.error}"
     bad = [c for c in r.checks if c.verdict != "passed"]
+    if not bad and r.verdict == UNPROVEN:
+        return "window not proven: " + "; ".join(c.summary for c in r.checks if c.name == "evidence")
     if not bad:
         return f"{len(r.checks)} checks passed"
     worst_first = sorted(bad, key=lambda c: c.verdict != "failed")
@@ -29,12 +31,13 @@ def _summary(r: RunResult) -> str:
 
 def suite_exit_code(results: list[RunResult]) -> int:
     """The first interrupted run's code (130/143) if a signal stopped one, else 1 if any run
-    exited 1, else 3 if any exited 3, else 4 if any exited 4, else 0."""
+    exited 1, else 3 if any exited 3, else 4 if any exited 4, else 5 if any exited 5 (passed,
+    window not proven), else 0."""
     for r in results:
         if r.interrupted is not None:
             return r.interrupted.exit_code
     codes = {r.exit_code for r in results}
-    for code in (EXIT_FAILED, EXIT_INFRA, EXIT_INCONCLUSIVE):
+    for code in (EXIT_FAILED, EXIT_INFRA, EXIT_INCONCLUSIVE, EXIT_UNPROVEN):
         if code in codes:
             return code
     return EXIT_PASSED if codes <= {EXIT_PASSED} else max(codes)
@@ -53,7 +56,7 @@ def build_suite(suite_id: str, results: list[RunResult], reports_dir: Path,
     if interrupted is not None:
         return SuiteResult(suite_id=suite_id, verdict="interrupted", exit_code=interrupted.exit_code,
                            runs=entries, interrupted=interrupted)
-    return SuiteResult(suite_id=suite_id, verdict=worst(r.verdict for r in results),
+    return SuiteResult(suite_id=suite_id, verdict=max((r.verdict for r in results), key=RUN_RANK.__getitem__, default="passed"),
                        exit_code=suite_exit_code(results), runs=entries)
 
 

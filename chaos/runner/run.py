@@ -59,6 +59,7 @@ from chaos.report.result import build_result
 from chaos.report.writer import write_report
 from chaos.runner.baseline import measure_twin
 from chaos.runner.leaks import poll_until_quiet, read_baselines
+from chaos.checks.config import EvidenceConfig
 from chaos.scenario.model import Phase, Scenario
 from chaos.stack.base import Stack
 from chaos.stack.interpolate import interpolate
@@ -102,7 +103,10 @@ class Nemesis:
 
     A fault's ``trigger`` is watched by the nemesis, the same way for every kind: baselines just
     before apply, samples while in place, the final reading just before heal; the result goes on
-    the heal record next to the fault's own evidence (``value.trigger``).
+    the heal record next to the fault's own evidence (``value.trigger``). A fault that declares
+    none (and not ``trigger: none``) gets its kind's default (``Fault.default_trigger``), recorded
+    on its apply record (``value.default_trigger``) and judged from the history by the
+    `evidence` check.
     """
 
     def __init__(self, ctx: FaultContext, history: HistoryWriter, journal: Journal, proxy_api: str | None) -> None:
@@ -144,10 +148,12 @@ class Nemesis:
                      if k.endswith("_PORT") or k.startswith("KVCHAOS_")}
         self.journal.add("fault", fault.id, fault_kind=p.kind, params=params, proxy_api=self.proxy_api,
                          stack_env=stack_env)
-        entry = AppliedFault(fault, phase, watch=self.watch(p.trigger))
+        entry = AppliedFault(fault, phase, watch=self.watch(p.conditions))
         self.applied.append(entry)
+        default = ({} if p.conditions or p.window_unproven
+                   else {"default_trigger": type(fault).default_trigger(p).as_record(p.kind)})
         self.history.append("nemesis", "invoke", "apply", phase=phase, fault_id=fault.id,
-                            value={"kind": p.kind, "params": params})
+                            value={"kind": p.kind, "params": params, **default})
         if entry.watch is not None:
             entry.watch.begin()
         try:
@@ -260,7 +266,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     loop_t0 = time.monotonic()
     nemesis.phase_started(phase.name)
     faults = [fault_registry.build_fault(p) for p in phase.faults]
-    watch = nemesis.watch(phase.trigger)
+    watch = nemesis.watch(phase.conditions)
     if watch is not None:
         await asyncio.to_thread(watch.begin)
         watch.start()
@@ -341,6 +347,9 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             result = await asyncio.to_thread(watch.finish)
             nemesis.history.append("nemesis", "ok", "trigger", phase=phase.name,
                                    value={"scope": "phase", **result})
+        elif phase.window_unproven:
+            nemesis.history.append("nemesis", "ok", "trigger", phase=phase.name,
+                                   value={"scope": "phase", "none": True, "reason": phase.reason})
     # `until: end` faults end with their phase.
     for entry in nemesis.pending(phase.name):
         await asyncio.to_thread(nemesis.heal, entry)
@@ -597,8 +606,12 @@ def _twin_baseline(scenario: Scenario, settings, history: HistoryWriter, snapsho
 def _checks(scenario: Scenario, history: HistoryWriter, snapshots: Snapshots, say) -> list[CheckResult]:
     say("checks")
     interrupts.set_stage("checks")
-    return run_checks(history.ops, snapshots,
-                      {name: getattr(scenario.checks, name) for name in scenario.checks.enabled()})
+    configs = {name: getattr(scenario.checks, name) for name in scenario.checks.enabled()}
+    if "evidence" not in configs and any(p.faults or p.window_unproven for p in scenario.phases):
+        # Every fault has a window to prove (its trigger, or its kind's default): never a pass
+        # that did not look (`kvchaos validate` warns that the check is added).
+        configs["evidence"] = EvidenceConfig()
+    return run_checks(history.ops, snapshots, configs)
 
 
 def _write(scenario: Scenario, stack: Stack, run_dir: Path, run_id: str, history: HistoryWriter,

@@ -283,6 +283,7 @@ def check_scenario(path: str | Path, *, stack: Path | None = None, require_comma
     check.warnings = _warnings(path, file, data, locator)
     stack_file = Path(stack) if stack is not None else _stack_path(Path(path), data)
     if stack_file is None:
+        check.warnings += _window_warnings(file, locator, check.scenario, None)
         return check
     stack_file = stack_file.resolve() if path_problem(stack_file) is None else stack_file
     if stack is not None:
@@ -320,7 +321,19 @@ def check_scenario(path: str | Path, *, stack: Path | None = None, require_comma
         check.scenario = None
     if check.scenario is not None and stack is not None:
         check.scenario.stack = stack_file
+    check.warnings += _window_warnings(file, locator, check.scenario, spec.capabilities())
     return check
+
+
+def _window_warnings(file: str, locator: Locator, scenario: Scenario | None,
+                     capabilities: set[str] | None) -> list[ConfigError]:
+    """The faults and phases whose window nothing will prove (chaos/scenario/windows.py), at
+    their lines; none for a scenario that did not validate."""
+    if scenario is None:
+        return []
+    from chaos.scenario.windows import window_warnings
+
+    return [_problem(file, locator, path, message) for path, message in window_warnings(scenario, capabilities)]
 
 
 def _faults(data: dict, scenario: Scenario | None) -> Iterable[tuple[int, int, Any]]:
@@ -417,8 +430,8 @@ def _trigger_problems(file: str, scenario: Scenario, settings: Any, services: It
     from chaos.probes import trigger_problems
 
     svc = set(services) if services is not None else None
-    owners = [(("phases", p, "faults", f), fault.trigger) for p, f, fault in scenario.faults()]
-    owners += [(("phases", p), phase.trigger) for p, phase in enumerate(scenario.phases)]
+    owners = [(("phases", p, "faults", f), fault.conditions) for p, f, fault in scenario.faults()]
+    owners += [(("phases", p), phase.conditions) for p, phase in enumerate(scenario.phases)]
     out = []
     for prefix, trigger in owners:
         for sub, message in trigger_problems(trigger, settings, svc, capabilities):

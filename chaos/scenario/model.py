@@ -26,7 +26,7 @@ from chaos.checks.config import ChecksConfig, Within
 from chaos.duration import PositiveDuration
 from chaos.faults import registry
 from chaos.faults.base import FaultParams
-from chaos.probes import Condition, normalize_trigger
+from chaos.probes import NO_TRIGGER, Condition, check_no_trigger_reason, conditions_of, normalize_trigger
 from chaos.workload.spec import WorkloadSpec
 
 if TYPE_CHECKING:
@@ -119,10 +119,16 @@ class Phase(_Strict):
     faults: list[FaultSpec] = Field(  # type: ignore[valid-type]
         default_factory=list, description="faults applied during this phase, each on its own timeline"
     )
-    trigger: list[Condition] = Field(
+    trigger: list[Condition] | Literal["none"] = Field(
         default_factory=list,
         description="what must be seen while the phase runs for the scenario to count (one condition "
-        "or a list; as a fault's trigger); not seen: the run is inconclusive",
+        "or a list; as a fault's trigger); not seen: the run is inconclusive. `none` (with `reason`): "
+        "nothing proves the phase's window, and a run whose checks pass is 'passed (window not proven)'",
+    )
+    reason: str | None = Field(
+        default=None, min_length=1,
+        description="with `trigger: none`: why nothing can prove this phase's window (required there, "
+        "not allowed otherwise)",
     )
     requests_start: Literal["after_faults", "at_once"] = Field(
         default="after_faults",
@@ -140,6 +146,21 @@ class Phase(_Strict):
     @classmethod
     def _one_or_list(cls, v: Any) -> Any:
         return normalize_trigger(v)
+
+    @model_validator(mode="after")
+    def _none_needs_reason(self) -> Phase:
+        check_no_trigger_reason(self.trigger, self.reason)
+        return self
+
+    @property
+    def conditions(self) -> list[Condition]:
+        """The phase trigger's conditions (``[]``: none declared, or ``trigger: none``)."""
+        return conditions_of(self.trigger)
+
+    @property
+    def window_unproven(self) -> bool:
+        """``trigger: none``: the author says nothing proves this phase's window."""
+        return self.trigger == NO_TRIGGER
 
 
 class Scenario(_Strict):
@@ -212,7 +233,7 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _triggers_need_evidence(self) -> Scenario:
-        has = [p.name for p in self.phases if p.trigger or any(f.trigger for f in p.faults)]
+        has = [p.name for p in self.phases if p.conditions or any(f.conditions for f in p.faults)]
         if has and self.checks.evidence is None:
             raise ValueError(f"phase(s) {has} declare a `trigger`, which the `evidence` check evaluates: "
                              "add `evidence: {}` under `checks`")

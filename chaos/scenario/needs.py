@@ -58,9 +58,9 @@ def scenario_needs(scenario: Scenario) -> list[Need]:
         cls = fault_registry.get(fault.kind)
         for cap in sorted(cls.capability_needs(fault)):
             out.append(Need(("phases", p, "faults", f), cap, f"fault {fault.id!r} ({fault.kind})"))
-    owners = [(("phases", p, "faults", f, "trigger"), fault.trigger, f"the trigger of fault {fault.id!r}")
+    owners = [(("phases", p, "faults", f, "trigger"), fault.conditions, f"the trigger of fault {fault.id!r}")
               for p, f, fault in scenario.faults()]
-    owners += [(("phases", p, "trigger"), phase.trigger, f"the trigger of phase {phase.name!r}")
+    owners += [(("phases", p, "trigger"), phase.conditions, f"the trigger of phase {phase.name!r}")
                for p, phase in enumerate(scenario.phases)]
     for path, conditions, who in owners:
         for i, cond in enumerate(conditions):

@@ -43,9 +43,11 @@ class HistoryBuilder:
         self.op(process, outcome, "complete", t1, phase, request_id=rid, value=value)
 
     def fault(self, fid: str, kind: str, t0: float, t1: float | None, evidence: dict[str, Any] | None,
-              phase: str = "stall", apply_outcome: str = "ok", trigger: dict[str, Any] | None = None) -> None:
+              phase: str = "stall", apply_outcome: str = "ok", trigger: dict[str, Any] | None = None,
+              params: dict[str, Any] | None = None) -> None:
         self.op("nemesis", "invoke", "apply", t0, phase, fault_id=fid,
-                value={"kind": kind, "params": {"link": "engine-lmcache", "latency_ms": 3000}})
+                value={"kind": kind, "params": {"link": "engine-lmcache", "latency_ms": 3000} if params is None
+                       else params})
         self.op("nemesis", apply_outcome, "apply", t0 + 0.01, phase, fault_id=fid,
                 value={"kind": kind} if apply_outcome == "ok" else {"kind": kind, "error": "proxy said 500"})
         if t1 is None:

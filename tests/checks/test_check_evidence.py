@@ -2,6 +2,7 @@ from chaos.checks import Snapshots, evidence
 
 
 def test_every_fault_bit_passes(hb):
+    hb.request("w-1", [1, 2], [3], t0=0.5, t1=9.0)  # in flight while each toxic was in place
     hb.fault("f1", "latency", 1, 5, {"bit": True, "connections": 3})
     hb.fault("f2", "reset_peer", 6, 8, {"bit": True})
     r = evidence.check(hb.ops, Snapshots(), {})
@@ -10,6 +11,7 @@ def test_every_fault_bit_passes(hb):
 
 
 def test_fault_that_did_not_bite_is_inconclusive_never_passed(hb):
+    hb.request("w-1", [1, 2], [3], t0=0.5, t1=9.0)
     hb.fault("f1", "latency", 1, 5, {"bit": True})
     hb.fault("f2", "latency", 6, 8, {"bit": False, "connections": 0})
     r = evidence.check(hb.ops, Snapshots(), None)
@@ -52,6 +54,7 @@ def test_each_reason_a_fault_did_not_bite_is_named(hb):
     hb.op("nemesis", "info", "apply", 1.0, fault_id="f6", value={"kind": "pause"})
     hb.op("nemesis", "ok", "heal", 2.0, fault_id="f7", value={"kind": "kill", "evidence": {"bit": True}})
     hb.fault("f8", "latency", 1, 5, {"bit": True})
+    hb.request("w-1", [1, 2], [3], t0=0.5, t1=9.0)
     assert _problems(hb.ops) == [
         "did not bite (connections=0, why=idle)", "did not bite", "no evidence recorded",
         "never healed, no evidence recorded", "apply fail: proxy said 500", "apply info",
@@ -62,9 +65,10 @@ def test_inconclusive_summary_names_the_first_dull_fault(hb):
     hb.fault("f1", "latency", 1, 5, {"bit": True})
     hb.fault("f2", "reset_peer", 6, 8, {"bit": False}, phase="p2")
     hb.fault("f3", "latency", 6, 8, None)
+    hb.request("w-1", [1, 2], [3], t0=0.5, t1=9.0)
     r = evidence.check(hb.ops, Snapshots(), {})
-    assert r.summary == ("inconclusive: faults acted: 1 of 3; no trigger declared; reset_peer f2 (phase p2): "
-                         "did not bite")
+    assert r.summary == ("inconclusive: faults acted: 1 of 3; triggers reached: 3 of 3 (3 the kind's default); "
+                         "reset_peer f2 (phase p2): did not bite")
     row = r.details["faults"][1]
     assert (row["fault_id"], row["kind"], row["phase"], row["applied_at"], row["healed_at"], row["bit"]) == (
         "f2", "reset_peer", "p2", 6.01, 8.01, False)
@@ -78,10 +82,11 @@ def test_a_fault_named_as_its_kind_is_shown_once(hb):
 
 
 def test_passing_summary_lists_the_faults(hb):
+    hb.request("w-1", [1, 2], [3], t0=0.5, t1=9.0)
     hb.fault("f1", "latency", 1, 5, {"bit": True})
     hb.fault("f2", "latency", 6, 8, {"bit": True})
     r = evidence.check(hb.ops, Snapshots(), {})
-    assert r.summary == "faults acted: 2 of 2 (f1, f2); no trigger declared"
+    assert r.summary == "faults acted: 2 of 2 (f1, f2); triggers reached: 2 of 2 (2 the kind's default)"
     assert evidence.check([], Snapshots(), {}).summary == "no faults and no trigger in this scenario"
 def _trigger(reached: bool, increase: float = 0.0) -> dict:
     return {"reached": reached, "window_s": 2.0, "conditions": [
@@ -92,12 +97,13 @@ def _trigger(reached: bool, increase: float = 0.0) -> dict:
 def test_acted_and_trigger_reached_are_reported_separately(hb):
     hb.fault("f1", "l2_corrupt", 1, 5, {"bit": True, "corrupted": 4}, trigger=_trigger(True, 3))
     hb.fault("f2", "latency", 6, 8, {"bit": True})
+    hb.request("w-1", [1, 2], [3], t0=5.5, t1=9.0)
     r = evidence.check(hb.ops, Snapshots(), {})
     assert r.verdict == "passed"
-    assert "faults acted: 2 of 2" in r.summary and "triggers reached: 1 of 1" in r.summary
+    assert "faults acted: 2 of 2" in r.summary and "triggers reached: 2 of 2 (1 the kind's default)" in r.summary
     rows = {f["fault_id"]: f for f in r.details["faults"]}
     assert rows["f1"]["acted"] is True and rows["f1"]["trigger_reached"] is True
-    assert rows["f2"]["trigger_reached"] is None  # declares none
+    assert rows["f2"]["trigger_reached"] is True and rows["f2"]["default_trigger"]["default"] == "latency"
 
 
 def test_fault_that_acted_but_missed_its_trigger_is_inconclusive(hb):

@@ -37,15 +37,15 @@ def test_fault_records_every_field():
     # f3's op has no time: it sorts first (time 0).
     assert got[0] == {"fault_id": "f3", "kind": "kill", "phase": "p", "applied_at": 0.0, "healed_at": None,
                       "apply_outcome": "info", "heal_outcome": None, "params": {}, "evidence": None,
-                      "error": None, "trigger": None}
+                      "error": None, "trigger": None, "default_trigger": None}
     assert got[1:] == [
         {"fault_id": "f1", "kind": "latency", "phase": "stall", "applied_at": 1.5, "healed_at": 4.5,
          "apply_outcome": "ok", "heal_outcome": "ok",
          "params": {"link": "engine-lmcache", "latency_ms": 3000},
-         "evidence": {"bit": True, "connections": 2}, "error": None, "trigger": None},
+         "evidence": {"bit": True, "connections": 2}, "error": None, "trigger": None, "default_trigger": None},
         {"fault_id": "f2", "kind": "pause", "phase": "", "applied_at": 5.0, "healed_at": 6.0,
          "apply_outcome": "fail", "heal_outcome": "fail", "params": {"x": 1}, "evidence": None,
-         "error": "proxy said 500", "trigger": None},
+         "error": "proxy said 500", "trigger": None, "default_trigger": None},
     ]
 
 

@@ -117,17 +117,20 @@ def test_reads_of_corrupted_files_while_active_make_it_bite(fs_stack):
     assert ev["must_be_read"] is True and "reason" not in ev
 
 
-def test_delete_need_not_be_read_unless_asked(fs_stack):
+def test_delete_must_be_read_unless_told_otherwise(fs_stack):
+    """Issue 34: a delete of objects no read ever touched used to bite by default."""
     ctx = FaultContext(stack=fs_stack)
-    gone = fault("l2_corrupt", mode="delete", target="fs", key_selector=object_name(1))
-    gone.apply(ctx)
-    gone.heal(ctx)
-    assert gone.evidence(ctx)["bit"] is True  # removal is the point of a delete by default
-    strict = fault("l2_corrupt", mode="delete", target="fs", key_selector=object_name(2), must_be_read=True)
+    strict = fault("l2_corrupt", mode="delete", target="fs", key_selector=object_name(2))
     strict.apply(ctx)
     strict.heal(ctx)
     ev = strict.evidence(ctx)
+    assert ev["must_be_read"] is True and ev["read"] is False
     assert ev["bit"] is False and "could not be observed" in ev["reason"]  # no reads of a deleted file
+    loose = fault("l2_corrupt", mode="delete", target="fs", key_selector=object_name(1), must_be_read=False)
+    loose.apply(ctx)
+    loose.heal(ctx)
+    ev = loose.evidence(ctx)
+    assert ev["bit"] is True and ev["read"] is False  # acted; its default trigger (a read) is not reached
 
 
 def test_fraction_is_the_same_share_on_every_pass(fs_stack):
@@ -270,7 +273,7 @@ def test_redis_values_truncated_flipped_deleted(tmp_path):
         got = r.get(redis_key(1))
         assert len(got) == CHUNK and sum(bin(a ^ b).count("1") for a, b in zip(got, payload(1))) == 1
 
-        gone = fault("l2_corrupt", mode="delete", target="redis", fraction=0.5)
+        gone = fault("l2_corrupt", mode="delete", target="redis", fraction=0.5, must_be_read=False)
         gone.apply(ctx)
         gone.heal(ctx)
         ev = gone.evidence(ctx)
