@@ -85,28 +85,13 @@ def _in_flight(r: RequestRecord, start: float, end: float | None) -> bool:
 
 
 def default_for(f: FaultRecord) -> dict[str, Any] | None:
-    """The default trigger of fault ``f``: what the runner recorded at apply, else its kind's
-    (chaos/faults/base.py ``Fault.default_trigger``, from the params recorded at apply); None
-    for ``trigger: none``, a declared trigger, or a kind this kvchaos does not know."""
+    """The default trigger of fault ``f``, as the runner recorded it on the fault's apply op
+    (chaos/faults/base.py ``Fault.default_trigger``); None for ``trigger: none``, a declared
+    trigger, or a history recorded before defaults existed (checks sit beside faults in the
+    layers and never import them: the runner, above both, records what a kind's default is)."""
     if f.params.get("trigger") == "none" or f.trigger is not None:
         return None
-    if f.default_trigger is not None:
-        return f.default_trigger
-    from chaos.faults import registry
-
-    registry.load_builtin_faults()
-    try:
-        cls = registry.get(f.kind)
-    except KeyError:
-        return None
-    try:
-        params = cls.params_model.model_validate({"kind": f.kind, **f.params})
-    except ValueError:
-        params = cls.params_model.model_construct(**{"kind": f.kind, **f.params})
-    try:
-        return cls.default_trigger(params).as_record(f.kind)
-    except Exception:  # settings missing from an old record: the kind's default is unknown
-        return None
+    return f.default_trigger
 
 
 def judge_default(default: dict[str, Any], f: FaultRecord, reqs: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -45,9 +45,10 @@ class HistoryBuilder:
     def fault(self, fid: str, kind: str, t0: float, t1: float | None, evidence: dict[str, Any] | None,
               phase: str = "stall", apply_outcome: str = "ok", trigger: dict[str, Any] | None = None,
               params: dict[str, Any] | None = None) -> None:
+        params = {"link": "engine-lmcache", "latency_ms": 3000} if params is None else params
+        default = kind_default_trigger(kind, params) if trigger is None else None
         self.op("nemesis", "invoke", "apply", t0, phase, fault_id=fid,
-                value={"kind": kind, "params": {"link": "engine-lmcache", "latency_ms": 3000} if params is None
-                       else params})
+                value={"kind": kind, "params": params, **({"default_trigger": default} if default else {})})
         self.op("nemesis", apply_outcome, "apply", t0 + 0.01, phase, fault_id=fid,
                 value={"kind": kind} if apply_outcome == "ok" else {"kind": kind, "error": "proxy said 500"})
         if t1 is None:
@@ -63,6 +64,28 @@ class HistoryBuilder:
     def phase_trigger(self, phase: str, t: float, trigger: dict[str, Any]) -> None:
         """The record the runner writes when a phase's trigger has been watched."""
         self.op("nemesis", "ok", "trigger", t, phase, value={"scope": "phase", **trigger})
+
+
+def kind_default_trigger(kind: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """What the runner records on a fault's apply op (chaos/runner/run.py): the kind's default
+    trigger for these settings; None for ``trigger: none`` or a kind kvchaos does not know."""
+    from chaos.faults import registry
+
+    if params.get("trigger") is not None:
+        return None
+    registry.load_builtin_faults()
+    try:
+        cls = registry.get(kind)
+    except KeyError:
+        return None
+    try:
+        p = cls.params_model.model_validate({"kind": kind, **params})
+    except ValueError:
+        p = cls.params_model.model_construct(**{"kind": kind, **params})
+    try:
+        return cls.default_trigger(p).as_record(kind)
+    except Exception:  # settings a constructed history leaves out
+        return None
 
 
 @pytest.fixture
