@@ -297,7 +297,9 @@ def _run(scenarios: list[Path], backend: str, seed: int | None, keep_stack: bool
             loaded = _validate_for_run(scenarios, backend, stack, bug, proxy=proxy, numerics=numerics,
                                        equivalence=equivalence, diagnose=diagnose, diagnose_budget=diagnose_budget)
         finally:
-            interrupts.end_startup()  # raises RunInterrupted (stage "start-up") when a signal came
+            # Raises RunInterrupted (stage "start-up") when a signal came; after it, the stage is
+            # "suite start" until the suite names its own (never none: a report always says where).
+            interrupts.end_startup(then=interrupts.SUITE_START)
         # Workers write their own lines to stderr: no status line redrawn over them.
         with console.status("starting") if workers == 1 else contextlib.nullcontext() as status:
             def say(msg: str) -> None:

@@ -55,11 +55,15 @@ T = TypeVar("T")
 
 __all__ = ["RunInterrupted", "handling", "deferred", "stage", "set_stage", "current_stage", "pending",
            "as_interrupt", "startup_interrupted", "exit_on_signal", "run_async", "SIGNALS", "STARTUP_STAGES",
-           "STARTUP", "hold_startup", "exit_during_startup", "end_startup", "holding_startup"]
+           "STARTUP", "SUITE_START", "hold_startup", "exit_during_startup", "end_startup", "holding_startup"]
 
 #: The stage of a signal that came before the command started anything (imports, argument
 #: parsing, validation).
 STARTUP = "start-up"
+
+#: The stage between the end of :data:`STARTUP` and the suite's first named stage (the stack pool,
+#: the campaign's workers being set up).
+SUITE_START = "suite start"
 
 #: The signals a run turns into RunInterrupted.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -118,6 +122,7 @@ class _State:
         self.cancel: Callable[[], None] | None = None  # set by run_async while its loop runs
         self.cancelled_by: tuple[int, str | None] | None = None  # (signum, stage) run_async owes
         self.startup: ExitStack | None = None  # hold_startup()'s handling + stage + deferred
+        self.after_startup: str | None = None  # the stage end_startup(then=...) hands over to
         self.startup_old: dict[int, Any] | None = None  # exit_during_startup(): the handlers it replaced
 
 
@@ -277,7 +282,11 @@ def hold_startup() -> None:
         return
     hold = ExitStack()
     hold.enter_context(handling())
-    hold.enter_context(stage(STARTUP))
+    before = set_stage(STARTUP)
+    # On close the stage goes straight to what end_startup(then=...) names: no instant in which
+    # a signal would find no stage at all (the input that showed it: a SIGINT 2.5 s into
+    # `kvchaos run`, after the validation, gave a suite report with no stage).
+    hold.callback(lambda: set_stage(st.after_startup if st.after_startup is not None else before))
     hold.enter_context(deferred())
     st.startup = hold
 
@@ -304,10 +313,14 @@ def holding_startup() -> bool:
     return _state.startup is not None
 
 
-def end_startup() -> None:
+def end_startup(then: str | None = None) -> None:
     """End the start-up mode (nothing when none is on). :func:`hold_startup`'s: the handlers the
     process had before come back unless a :func:`handling` block that started meanwhile keeps
     this module's; :func:`exit_during_startup`'s: the handlers it replaced come back.
+
+    Args:
+        then: the stage the run is in from the moment the hold ends (None: the stage it had
+            before :func:`hold_startup`), so that a signal right after it still names one.
 
     Raises:
         RunInterrupted: a signal came while the hold was on (stage :data:`STARTUP`); raised
@@ -319,7 +332,11 @@ def end_startup() -> None:
         signal.signal(sig, handler)
     hold, st.startup = st.startup, None
     if hold is not None:
-        hold.close()
+        st.after_startup = then
+        try:
+            hold.close()
+        finally:
+            st.after_startup = None
 
 
 def _exit_now(signum: int, _frame: object) -> None:

@@ -417,9 +417,13 @@ def run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str
             healing every fault and writing the report (verdict ``interrupted``, unless the signal
             came while the finished run's report was written); the result is on ``.result``.
     """
+    before = interrupts.current_stage()
     with interrupts.handling():
-        return _run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s, progress=progress,
-                             after_checks=after_checks)
+        try:
+            return _run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=timeout_s, progress=progress,
+                                 after_checks=after_checks)
+        finally:  # the caller's stage again (a signal between two runs still names one)
+            interrupts.set_stage(before)
 
 
 def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: str,
@@ -532,8 +536,6 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
                             snapshots, oracle_info, error, info, say)
     except KeyboardInterrupt as exc:  # held while the report was written; it is complete
         late = late or interrupts.as_interrupt(exc)
-    finally:
-        interrupts.set_stage(None)
     stop = interrupted or late
     if stop is not None:
         stop.result = result

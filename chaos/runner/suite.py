@@ -264,8 +264,10 @@ def run_suite(scenarios: list[Scenario], opts: SuiteOptions,
         current: dict | None = None  # the scenario under way, until its result is in `results`
         try:
             for scenario in scenarios:
-                run_id, run_dir = prepare_run(scenario, opts)
-                current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "result": None}
+                interrupts.set_stage(f"preparing {scenario.name}")
+                with interrupts.deferred():  # a signal here still leaves this scenario's report
+                    run_id, run_dir = prepare_run(scenario, opts)
+                    current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "result": None}
                 results.append(run_in_pool(scenario, pool, opts, run_id, run_dir, say, current))
                 current = None
         except KeyboardInterrupt as exc:

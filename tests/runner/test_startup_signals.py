@@ -95,3 +95,40 @@ def test_the_entry_point_imports_nothing_heavy_before_its_handler():
     heavy = [m for m in loaded if m.split(".")[0] in ("asyncio", "typer", "pydantic", "yaml", "rich", "click", "httpx",
                                                       "torch", "numpy")]
     assert not heavy, heavy
+
+
+def test_the_stage_after_start_up_is_never_none():
+    """The input that showed it: SIGINT 2.5 s into `kvchaos run` (CI, stop 35), after the
+    validation and before the stack pool named "stack start-up", left a suite report with no
+    stage. end_startup(then=...) hands the stage straight over."""
+    with interrupts.handling():  # as `kvchaos run` (chaos/cli.py): the run's own handling block
+        interrupts.hold_startup()
+        assert interrupts.current_stage() == interrupts.STARTUP
+        interrupts.end_startup(then=interrupts.SUITE_START)
+        assert interrupts.current_stage() == interrupts.SUITE_START
+    assert interrupts.current_stage() is None
+
+
+def test_a_signal_while_the_suite_prepares_a_run_names_that_stage(tmp_path, monkeypatch):
+    """A signal between the end of start-up and the stack's start-up (the run's folder being
+    named) gives the suite report a stage: "preparing <scenario>"; no stack was started."""
+    from chaos.runner import suite as suite_mod
+    from chaos.scenario.loader import load_scenario
+
+    scenario = load_scenario(REPO / "scenarios" / "smoke.yaml")
+    real = suite_mod.prepare_run
+
+    def prepare_and_signal(sc, opts):
+        out = real(sc, opts)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(suite_mod, "prepare_run", prepare_and_signal)
+    opts = suite_mod.SuiteOptions(backend="local", report_dir=tmp_path)
+    with pytest.raises(interrupts.RunInterrupted) as info:
+        suite_mod.run_suite([scenario], opts)
+    assert info.value.stage == "preparing smoke", info.value.stage
+    suite = json.loads((info.value.suite_dir / "suite.json").read_text())
+    assert suite["interrupted"]["stage"] == "preparing smoke"
+    assert [r["verdict"] for r in suite["runs"]] == ["interrupted"], suite["runs"]
+    assert not (info.value.suite_dir / "stacks").exists()
