@@ -15,6 +15,11 @@
     compare_matrices(): exit 1 also when the runs disagree on any cell (a flaky scenario or
     checker); cells that agree but were failed by other checks are listed, not failed
 
+``--stack FILE`` runs every cell on that stack file; its ``x-kvchaos.planted_bugs`` names the
+bug set (:func:`bug_set`): on ``compose/vllm-cpu.yml`` the wrappers of LMCache's vLLM connector
+(chaos/vllm/bugs.py, its own map), and the clean row runs only the scenarios that map names
+(a vLLM cell takes minutes).
+
 ``kvchaos coverage run`` (``coverage_run``) is the clean row alone, with the engine under branch
 coverage (chaos/coverage.py measures and summarizes it).
 
@@ -35,6 +40,7 @@ from typing import Literal
 import typer
 
 from chaos.engine.bugs import BUGS
+from chaos.vllm import bugs as vllm_bugs
 from chaos.proxy.real import PROXY_OPTION_HELP
 
 __all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "compare_matrices", "coverage_run", "plan_rows",
@@ -64,6 +70,28 @@ ZOO_MAP: dict[str, list[str]] = {
     "short-free-after-failed-load": ["retrieve-dropped-slow-link", "retrieve-fail-after-lookup"],
     "hold-blocks-on-abort": ["cancel-storm"],
 }
+
+def bug_set(stack: Path | None) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The planted bugs a stack's engine takes and the scenarios meant to catch each.
+
+    Args:
+        stack: a stack file, or None for the scenarios' own (the reference stack).
+
+    Returns:
+        ``(bug name -> summary, bug name -> scenario names)``: the reference engine's
+        (:data:`chaos.engine.bugs.BUGS`, :data:`ZOO_MAP`) unless the stack's
+        ``x-kvchaos.planted_bugs`` is ``vllm`` (:data:`chaos.vllm.bugs.BUGS` and its map).
+
+    Raises:
+        ConfigError: the stack file is invalid.
+    """
+    if stack is not None:
+        from chaos.stack.spec import load_stack
+
+        if load_stack(stack).settings.planted_bugs == "vllm":
+            return {n: b.summary for n, b in vllm_bugs.BUGS.items()}, vllm_bugs.ZOO_MAP
+    return dict(BUGS), ZOO_MAP
+
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
 #: failed a check; "error": the stack did not start; "-": not run.
@@ -348,7 +376,8 @@ def diagnosis_summary(run_dir: Path) -> str | None:
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0, shrink_budget_s: float | None = None,
             say: Callable[[str], None] = lambda _m: None, coverage: object | None = None,
-            numerics: str | None = None, equivalence: str | None = None) -> ZooMatrix:
+            numerics: str | None = None, equivalence: str | None = None,
+            stack: Path | None = None) -> ZooMatrix:
     """Run the plan on one stack pool and fill the matrix.
 
     Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
@@ -367,6 +396,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
             each cell under the context ``<row>/<scenario>``.
         numerics: every row's engine numerics (``batch-dependent``); None keeps the scenarios'.
         equivalence: every scenario's recompute_equivalence mode (``tolerant``); None keeps it.
+        stack: run every scenario on this stack file instead of its own (its planted bugs are
+            the set :func:`bug_set` names).
 
     Raises:
         ConfigError: a scenario file is invalid.
@@ -380,7 +411,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     from chaos.yamlsource import ConfigError
 
     overrides = {"numerics": numerics, "equivalence": equivalence}
-    columns = [s.name for s in load_and_validate(scenario_paths, **overrides)]
+    columns = [s.name for s in load_and_validate(scenario_paths, stack, **overrides)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
 
     from chaos import interrupts
@@ -391,7 +422,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     try:
         for row, names in plan.items():
             bugs = [] if row == CLEAN else [row]
-            for scenario in load_and_validate(scenario_paths, **overrides):
+            for scenario in load_and_validate(scenario_paths, stack, **overrides):
                 if scenario.name not in names:
                     continue
                 scenario.engine.bugs = list(bugs)
@@ -510,6 +541,8 @@ def zoo(
                                     "scenario: exact | tolerant (margin rule + noise floor)"),
     shrink: bool = typer.Option(False, "--shrink", help="shrink every caught cell (kvchaos shrink) and "
                                 "record its reproducer's size (slow: minutes per cell)"),
+    stack: Path = typer.Option(None, "--stack", help="run every cell on this stack file (its "
+                               "x-kvchaos.planted_bugs names the bug set: compose/vllm-cpu.yml has its own)"),
     shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink (at least "
                                         "10 times the caught run's and the shrink's first run's duration, 20 with planted bugs: "
                                         "control runs)"),
@@ -533,10 +566,15 @@ def zoo(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    chosen_bugs = list(bugs) if bugs else sorted(BUGS)
-    unknown = [b for b in chosen_bugs if b not in BUGS]
+    try:
+        known_bugs, zoo_map = bug_set(stack)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    chosen_bugs = list(bugs) if bugs else sorted(known_bugs)
+    unknown = [b for b in chosen_bugs if b not in known_bugs]
     if unknown:
-        typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(BUGS))}", err=True)
+        typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(known_bugs))}", err=True)
         raise typer.Exit(2)
     names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
     if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
@@ -550,7 +588,12 @@ def zoo(
             raise ValueError(f"--exclude names unknown scenario(s) {sorted(skip - set(catalogue))}")
         paths = [p for p, n in zip(paths, catalogue) if n not in skip]
         catalogue = [n for n in catalogue if n not in skip]
-        plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names)
+        if stack is not None and names is None and not full:
+            # A stack of its own (vLLM: minutes a cell): the clean row runs what the map names.
+            mapped = {n for b in chosen_bugs for n in zoo_map.get(b, [])}
+            paths = [p for p, n in zip(paths, catalogue) if n in mapped]
+            catalogue = [n for n in catalogue if n in mapped]
+        plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names, zoo_map=zoo_map)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
@@ -564,7 +607,7 @@ def zoo(
     try:
         _zoo_runs(paths, plan, catalogue, report_dir, backend, timeout, repeat, out,
                   coverage_dir=coverage_dir, shrink_budget_s=shrink_budget if shrink else None,
-                  numerics=numerics, equivalence=equivalence)
+                  numerics=numerics, equivalence=equivalence, stack=stack)
     finally:
         interrupts.exit_on_signal()  # the zoo is over: a signal now only sets the exit code
 
@@ -572,7 +615,7 @@ def zoo(
 def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str], report_dir: Path,
               backend: str, timeout: float, repeat: int, out: Path, *, coverage_dir: Path | None = None,
               shrink_budget_s: float | None = None, numerics: str | None = None,
-              equivalence: str | None = None) -> None:
+              equivalence: str | None = None, stack: Path | None = None) -> None:
     from chaos import interrupts
 
     matrices: list[ZooMatrix] = []
@@ -588,7 +631,7 @@ def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str
                     typer.echo(f"zoo run {k} of {repeat}", err=True)
                 matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
                                  shrink_budget_s=shrink_budget_s, say=lambda m: typer.echo(m, err=True),
-                                 coverage=measure, numerics=numerics, equivalence=equivalence)
+                                 coverage=measure, numerics=numerics, equivalence=equivalence, stack=stack)
                 matrices.append(matrix)
                 if repeat > 1:
                     matrix.write(out / f"run-{k}")
