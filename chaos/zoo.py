@@ -449,7 +449,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 if coverage is not None:
                     coverage.switch("idle")  # type: ignore[attr-defined]
                 current = None
-                cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
+                cell = cell_for(result.verdict, planted=bool(bugs), xfail=result.xfail is not None and not result.xfail.unexpected,
                                 error=result.error is not None)
                 elapsed = time.monotonic() - t0
                 failing = [c.name for c in result.checks if c.verdict != "passed"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["BUGS", "CONNECTOR", "METADATA", "ZOO_MAP", "Bug", "install", "patch_module"]
+__all__ = ["BUGS", "CONNECTOR", "METADATA", "ZOO_MAP", "Bug", "install", "patch_module", "patched"]
 
 CONNECTOR = "lmcache.integration.vllm.lmcache_mp_connector"
 METADATA = "lmcache.integration.vllm.lmcache_mp_metadata"
@@ -257,3 +257,21 @@ def install(names: list[str]) -> None:
         if target in sys.modules:
             patch_module(sys.modules[target], names)
     sys.meta_path.insert(0, _PatchAfterImport(names))
+
+
+def patched() -> list[str]:
+    """The bugs whose wrappers sit on LMCache's connector classes in this process (imports
+    LMCache's vLLM connector, so only in the vLLM venv), sorted.
+
+    Raises:
+        ImportError: LMCache's connector does not import here (no vLLM).
+    """
+    connector = importlib.import_module(CONNECTOR)
+    metadata = importlib.import_module(METADATA)
+    seen: set[str] = set()
+    for cls in (connector.LMCacheMPConnector, metadata.LMCacheMPRequestTracker):
+        for attr in vars(cls).values():
+            while getattr(attr, "_kvchaos_bug", None):
+                seen.add(attr._kvchaos_bug)
+                attr = attr.__wrapped__
+    return sorted(seen)

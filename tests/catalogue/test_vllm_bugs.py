@@ -101,18 +101,20 @@ def test_every_bug_patches_lmcaches_own_connector_classes():
     assert r.stdout.split() == sorted(bugs.BUGS)
 
 
-#: Installed in a fresh Python: every bug, then LMCache's connector imported; prints the names
-#: of the bugs whose wrappers are on the classes.
-PATCH_ALL = """
-import chaos.vllm.launch
-from chaos.vllm import bugs
-bugs.install(sorted(bugs.BUGS))
-import lmcache.integration.vllm.lmcache_mp_connector as c, lmcache.integration.vllm.lmcache_mp_metadata as m
-seen = set()
-for cls in (c.LMCacheMPConnector, m.LMCacheMPRequestTracker):
-    for attr in vars(cls).values():
-        while getattr(attr, "_kvchaos_bug", None):
-            seen.add(attr._kvchaos_bug)
-            attr = attr.__wrapped__
-print(" ".join(sorted(seen)))
-"""
+#: Run in a fresh Python: every bug installed, then LMCache's connector imported; prints the
+#: names of the bugs whose wrappers are on its classes.
+PATCH_ALL = ("import chaos.vllm.launch; from chaos.vllm import bugs; bugs.install(sorted(bugs.BUGS)); "
+             "print(' '.join(bugs.patched()))")
+
+
+def test_run_refuses_a_bug_the_stack_does_not_plant():
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+
+    r = CliRunner().invoke(app, ["run", "--stack", str(VLLM_STACK), "--bug", "trust-failed-load",
+                                 str(REPO / "scenarios/smoke.yaml")])
+    assert r.exit_code == 2
+    assert "--bug trust-failed-load: not a planted bug of" in r.output and "skip-end-session" in r.output
+    r = CliRunner().invoke(app, ["run", "--bug", "skip-end-session", str(REPO / "scenarios/smoke.yaml")])
+    assert r.exit_code == 2 and "compose/reference.yml; its bugs: drop-cache-salt" in r.output
