@@ -411,7 +411,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     from chaos.yamlsource import ConfigError
 
     overrides = {"numerics": numerics, "equivalence": equivalence}
-    columns = [s.name for s in load_and_validate(scenario_paths, stack, **overrides)]
+    stack_file = stack  # `stack` below is each cell's running stack
+    columns = [s.name for s in load_and_validate(scenario_paths, stack_file, **overrides)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
 
     from chaos import interrupts
@@ -422,7 +423,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     try:
         for row, names in plan.items():
             bugs = [] if row == CLEAN else [row]
-            for scenario in load_and_validate(scenario_paths, stack, **overrides):
+            for scenario in load_and_validate(scenario_paths, stack_file, **overrides):
                 if scenario.name not in names:
                     continue
                 scenario.engine.bugs = list(bugs)
