@@ -138,24 +138,23 @@ def _skip_abort_cleanup(mod: ModuleType) -> None:
     _wrap(mod.LMCacheMPConnector, "request_finished", "skip-abort-cleanup", make)
 
 
-def _store_before_compute(mod: ModuleType) -> None:
-    """The worker submits the step's stores in start_load_kv, before the forward pass computes
-    their KV (on CPU the engine-driven store copies at once, so the chunks hold the blocks'
-    old contents), and wait_for_save submits nothing."""
+def _store_wrong_blocks(mod: ModuleType) -> None:
+    """The worker stores each chunk from the wrong engine blocks: every STORE op's block list is
+    reversed (per KV cache group), so a chunk's key holds KV of other positions, which a later
+    hit loads as if it were that chunk's."""
 
-    def make_start(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def start_load_kv(self: Any, forward_context: Any, **kwargs: Any) -> None:
-            orig(self, forward_context, **kwargs)
-            if any(m.direction == "STORE" for m in self._get_connector_metadata().requests):
-                _fire("store-before-compute", "stores submitted before the forward pass")
-                original_wait_for_save(self)
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def wait_for_save(self: Any) -> None:
+            for meta in self._get_connector_metadata().requests:
+                blocks = meta.op.block_ids if meta.direction == "STORE" else None
+                if blocks and len(meta.op.flat_block_ids) > 1:
+                    _fire("store-wrong-blocks", f"request {meta.request_id}: blocks reversed")
+                    meta.op.block_ids = (list(reversed(blocks)) if isinstance(blocks[0], int)
+                                         else [list(reversed(g)) for g in blocks])
+            orig(self)
+        return wait_for_save
 
-        return start_load_kv
-
-    original_wait_for_save = mod.LMCacheMPConnector.__dict__["wait_for_save"]
-    _wrap(mod.LMCacheMPConnector, "start_load_kv", "store-before-compute", make_start)
-    _wrap(mod.LMCacheMPConnector, "wait_for_save", "store-before-compute",
-          lambda orig: lambda self: None)
+    _wrap(mod.LMCacheMPConnector, "wait_for_save", "store-wrong-blocks", make)
 
 
 @dataclass(frozen=True)
@@ -185,10 +184,11 @@ BUGS: dict[str, Bug] = {
     "skip-abort-cleanup": Bug(
         "an aborted request ends neither its LMCache session nor its pending lookup",
         CONNECTOR, _skip_abort_cleanup),
-    "store-before-compute": Bug(
-        "the worker stores a step's chunks before the forward pass computes their KV",
-        CONNECTOR, _store_before_compute),
+    "store-wrong-blocks": Bug(
+        "the worker stores each chunk from the wrong engine blocks (the store's block list reversed)",
+        CONNECTOR, _store_wrong_blocks),
 }
+
 
 #: Planted bug -> the catalogue scenarios meant to catch it on the vLLM stack (`kvchaos zoo
 #: --stack compose/vllm-cpu.yml`); each one runs there (`kvchaos list --stack`).
@@ -198,7 +198,7 @@ ZOO_MAP: dict[str, list[str]] = {
     "drop-cache-salt": ["tenant-isolation"],
     "skip-end-session": ["smoke"],
     "skip-abort-cleanup": ["cancel-storm"],
-    "store-before-compute": ["smoke"],
+    "store-wrong-blocks": ["smoke"],
 }
 
 

@@ -43,8 +43,7 @@ def test_every_vllm_bug_has_scenarios_that_run_on_the_vllm_stack():
 
 def test_same_names_mean_the_same_class_on_both_engines():
     shared = set(bugs.BUGS) & set(REFERENCE_BUGS)
-    assert {"hit-plus-one-chunk", "hit-plus-one-token", "drop-cache-salt", "skip-abort-cleanup",
-            "store-before-compute"} <= shared
+    assert {"hit-plus-one-chunk", "hit-plus-one-token", "drop-cache-salt", "skip-abort-cleanup"} <= shared
 
 
 def test_unknown_bug_is_refused_with_the_known_ones():
