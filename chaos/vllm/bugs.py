@@ -139,18 +139,23 @@ def _skip_abort_cleanup(mod: ModuleType) -> None:
 
 
 def _store_wrong_blocks(mod: ModuleType) -> None:
-    """The worker stores each chunk from the wrong engine blocks: every STORE op's block list is
-    reversed (per KV cache group), so a chunk's key holds KV of other positions, which a later
-    hit loads as if it were that chunk's."""
+    """The worker writes every chunk of a store from the engine blocks of the store's first
+    chunk: the later chunks' keys hold the first chunk's KV, which a later hit loads as theirs.
+    (Not a reordering: attention over a prefix is blind to the order of its cached keys, whose
+    positions are already rotated in, so swapped blocks would load the same answer.)"""
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         def wait_for_save(self: Any) -> None:
+            per_chunk = self.worker_adapter.blocks_in_chunk
             for meta in self._get_connector_metadata().requests:
-                blocks = meta.op.block_ids if meta.direction == "STORE" else None
-                if blocks and len(meta.op.flat_block_ids) > 1:
-                    _fire("store-wrong-blocks", f"request {meta.request_id}: blocks reversed")
-                    meta.op.block_ids = (list(reversed(blocks)) if isinstance(blocks[0], int)
-                                         else [list(reversed(g)) for g in blocks])
+                groups = meta.op.block_ids if meta.direction == "STORE" else None
+                if not groups:
+                    continue
+                flat = isinstance(groups[0], int)
+                wrong = [[g[i % per_chunk] for i in range(len(g))] for g in ([groups] if flat else groups)]
+                if wrong != ([groups] if flat else groups):
+                    _fire("store-wrong-blocks", f"request {meta.request_id}: chunks stored from the first chunk's blocks")
+                    meta.op.block_ids = wrong[0] if flat else wrong
             orig(self)
         return wait_for_save
 
@@ -185,7 +190,7 @@ BUGS: dict[str, Bug] = {
         "an aborted request ends neither its LMCache session nor its pending lookup",
         CONNECTOR, _skip_abort_cleanup),
     "store-wrong-blocks": Bug(
-        "the worker stores each chunk from the wrong engine blocks (the store's block list reversed)",
+        "the worker writes every chunk of a store from the blocks of its first chunk",
         CONNECTOR, _store_wrong_blocks),
 }
 
