@@ -226,8 +226,9 @@ def run_cmd(
     seed: int | None = typer.Option(None, "--seed", help="override every scenario's seed"),
     keep_stack: bool = typer.Option(False, "--keep-stack", help="leave the stacks running at the end"),
     report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="parent folder of run reports"),
-    bug: list[str] = typer.Option(None, "--bug", help="plant this reference-engine bug in every scenario "
-                                  "(repeatable; see `kvchaos engine serve --help`)"),
+    bug: list[str] = typer.Option(None, "--bug", help="plant this engine bug in every scenario (repeatable; "
+                                  "the stack's set: `kvchaos engine serve --help` on the reference "
+                                  "stack, chaos/vllm/bugs.py on compose/vllm-cpu.yml)"),
     timeout: float = typer.Option(600.0, "--timeout", help="per-scenario deadline for the phases (s)"),
     stack: Path | None = typer.Option(None, "--stack", help="run every scenario on this stack file "
                                       "instead of its own (e.g. compose/vllm-lmcache.yml on a GPU host)"),
@@ -380,6 +381,16 @@ def _validate_for_run(scenarios: list[Path], backend: str, stack: Path | None, b
         fail_config(exc)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
+    if bug:
+        from chaos.zoo import bug_set
+
+        for stack_file in sorted({str(s.stack) for s in loaded}):
+            known, _map = bug_set(Path(stack_file))
+            unknown = [b for b in bug if b not in known]
+            if unknown:
+                print(f"error: --bug {', '.join(unknown)}: not a planted bug of {stack_file}; its bugs: "
+                      f"{', '.join(sorted(known))}", file=sys.stderr)
+                raise typer.Exit(EXIT_INVALID)
     return loaded
 
 

@@ -255,10 +255,11 @@ class ScenarioFile(pytest.File):
         item.add_marker(pytest.mark.slow)
         if any(getattr(fault, "link", None) for phase in scenario.phases for fault in phase.faults):
             item.add_marker(pytest.mark.network)
-        if scenario.xfail is not None:
+        xfail = scenario.expected_failure  # None where xfail.stacks leaves this stack out
+        if xfail is not None:
             # Only a failed check is the known bug: a run that could not run (ScenarioError) fails,
             # and one that did not reach its window is skipped (runtest), never shown as XFAIL.
-            item.add_marker(pytest.mark.xfail(reason=f"{scenario.xfail.reason} ({scenario.xfail.upstream or ''})",
+            item.add_marker(pytest.mark.xfail(reason=f"{xfail.reason} ({xfail.upstream or ''})",
                                               strict=False, raises=ScenarioFailure))
         yield item
 
@@ -284,6 +285,11 @@ class ScenarioFailure(Exception):
 
 class ScenarioError(Exception):
     """A scenario that could not run (an infrastructure error: never an expected failure)."""
+
+
+class UnexpectedFailure(Exception):
+    """A scenario under xfail whose failed checks go beyond the ones its known bug fails
+    (``xfail.checks``): never an expected failure."""
 
 
 class ScenarioItem(pytest.Item):
@@ -361,10 +367,14 @@ class ScenarioItem(pytest.Item):
         if result.verdict != "passed":
             lines = [f"{c.name} {c.verdict}: {c.summary}" for c in result.checks if c.verdict != "passed"]
             lines.append(f"report: {run_dir}/report.html")
+            if xfail is not None and xfail.unexpected:  # not the known bug's checks: a failure
+                raise UnexpectedFailure("\n".join([f"failed beyond the known bug's checks "
+                                                f"({', '.join(xfail.checks or ())}): "
+                                                f"{', '.join(xfail.unexpected)}", *lines]))
             raise ScenarioFailure("\n".join(lines))
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (ScenarioFailure, ScenarioError)):
+        if isinstance(excinfo.value, (ScenarioFailure, ScenarioError, UnexpectedFailure)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 

@@ -15,6 +15,11 @@
     compare_matrices(): exit 1 also when the runs disagree on any cell (a flaky scenario or
     checker); cells that agree but were failed by other checks are listed, not failed
 
+``--stack FILE`` runs every cell on that stack file; its ``x-kvchaos.planted_bugs`` names the
+bug set (:func:`bug_set`): on ``compose/vllm-cpu.yml`` the wrappers of LMCache's vLLM connector
+(chaos/vllm/bugs.py, its own map), and the clean row runs only the scenarios that map names
+(a vLLM cell takes minutes).
+
 ``kvchaos coverage run`` (``coverage_run``) is the clean row alone, with the engine under branch
 coverage (chaos/coverage.py measures and summarizes it).
 
@@ -35,6 +40,7 @@ from typing import Literal
 import typer
 
 from chaos.engine.bugs import BUGS
+from chaos.vllm import bugs as vllm_bugs
 from chaos.proxy.real import PROXY_OPTION_HELP
 
 __all__ = ["CLEAN", "ZOO_MAP", "Cell", "ZooMatrix", "cell_for", "compare_matrices", "coverage_run", "plan_rows",
@@ -64,6 +70,28 @@ ZOO_MAP: dict[str, list[str]] = {
     "short-free-after-failed-load": ["retrieve-dropped-slow-link", "retrieve-fail-after-lookup"],
     "hold-blocks-on-abort": ["cancel-storm"],
 }
+
+def bug_set(stack: Path | None) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The planted bugs a stack's engine takes and the scenarios meant to catch each.
+
+    Args:
+        stack: a stack file, or None for the scenarios' own (the reference stack).
+
+    Returns:
+        ``(bug name -> summary, bug name -> scenario names)``: the reference engine's
+        (:data:`chaos.engine.bugs.BUGS`, :data:`ZOO_MAP`) unless the stack's
+        ``x-kvchaos.planted_bugs`` is ``vllm`` (:data:`chaos.vllm.bugs.BUGS` and its map).
+
+    Raises:
+        ConfigError: the stack file is invalid.
+    """
+    if stack is not None:
+        from chaos.stack.spec import load_stack
+
+        if load_stack(stack).settings.planted_bugs == "vllm":
+            return {n: b.summary for n, b in vllm_bugs.BUGS.items()}, vllm_bugs.ZOO_MAP
+    return dict(BUGS), ZOO_MAP
+
 
 #: What a cell shows. "caught": a planted bug made a check fail; "failed": the clean engine
 #: failed a check; "error": the stack did not start; "-": not run.
@@ -349,8 +377,8 @@ def _record(matrix: ZooMatrix, row: str, scenario, result, run_dir: Path, elapse
             say: Callable[[str], None]) -> str:
     """Put one cell's run into the matrix (its cell, time, failed checks, equivalence rates and
     diagnosis); returns the cell."""
-    cell = cell_for(result.verdict, planted=row != CLEAN, xfail=scenario.xfail is not None,
-                    error=result.error is not None)
+    cell = cell_for(result.verdict, planted=row != CLEAN,
+                    xfail=result.xfail is not None and not result.xfail.unexpected, error=result.error is not None)
     failing = [c.name for c in result.checks if c.verdict != "passed"]
     matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
     rates = equivalence_rates(result)
@@ -364,7 +392,8 @@ def _record(matrix: ZooMatrix, row: str, scenario, result, run_dir: Path, elapse
 
 def _run_zoo_parallel(scenario_paths: list[Path], plan: dict[str, list[str]], matrix: ZooMatrix, *,
                       report_dir: Path, backend: str, timeout_s: float, shrink_budget_s: float | None,
-                      say: Callable[[str], None], overrides: dict, jobs: int) -> ZooMatrix:
+                      say: Callable[[str], None], overrides: dict, jobs: int,
+                      stack_file: Path | None = None) -> ZooMatrix:
     """The zoo's cells as one campaign (chaos/campaign.py) over ``jobs`` workers, each with its
     own stack pool: a cell whose run left something held or disrupted a process gets a fresh
     stack (the pool's rule, stronger than the serial zoo's restart of what holds something).
@@ -378,7 +407,7 @@ def _run_zoo_parallel(scenario_paths: list[Path], plan: dict[str, list[str]], ma
 
     cells: list[tuple[str, object]] = []
     for row, names in plan.items():
-        for scenario in load_and_validate(scenario_paths, **overrides):
+        for scenario in load_and_validate(scenario_paths, stack_file, **overrides):
             if scenario.name in names:
                 scenario.engine.bugs = [] if row == CLEAN else [row]
                 cells.append((row, scenario))
@@ -418,7 +447,8 @@ def _run_zoo_parallel(scenario_paths: list[Path], plan: dict[str, list[str]], ma
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0, shrink_budget_s: float | None = None,
             say: Callable[[str], None] = lambda _m: None, coverage: object | None = None,
-            numerics: str | None = None, equivalence: str | None = None, jobs: int = 1) -> ZooMatrix:
+            numerics: str | None = None, equivalence: str | None = None,
+            stack: Path | None = None, jobs: int = 1) -> ZooMatrix:
     """Run the plan on one stack pool and fill the matrix (with ``jobs`` > 1: as a campaign over
     that many workers, each with its own stacks; not with ``coverage``, which measures one
     engine process).
@@ -439,6 +469,8 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
             each cell under the context ``<row>/<scenario>``.
         numerics: every row's engine numerics (``batch-dependent``); None keeps the scenarios'.
         equivalence: every scenario's recompute_equivalence mode (``tolerant``); None keeps it.
+        stack: run every scenario on this stack file instead of its own (its planted bugs are
+            the set :func:`bug_set` names).
         jobs: worker processes (chaos/campaign.py); 1: this process, one pool.
 
     Raises:
@@ -455,14 +487,15 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     from chaos.yamlsource import ConfigError
 
     overrides = {"numerics": numerics, "equivalence": equivalence}
-    columns = [s.name for s in load_and_validate(scenario_paths, **overrides)]
+    stack_file = stack  # `stack` below is each cell's running stack
+    columns = [s.name for s in load_and_validate(scenario_paths, stack_file, **overrides)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
     if jobs > 1:
         if coverage is not None:
             raise ValueError("--jobs > 1 cannot measure coverage (one engine process records it)")
         return _run_zoo_parallel(scenario_paths, plan, matrix, report_dir=report_dir, backend=backend,
                                  timeout_s=timeout_s, shrink_budget_s=shrink_budget_s, say=say,
-                                 overrides=overrides, jobs=jobs)
+                                 overrides=overrides, jobs=jobs, stack_file=stack_file)
 
     from chaos import interrupts
     from chaos.runner.suite import interrupted_result
@@ -472,7 +505,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     try:
         for row, names in plan.items():
             bugs = [] if row == CLEAN else [row]
-            for scenario in load_and_validate(scenario_paths, **overrides):
+            for scenario in load_and_validate(scenario_paths, stack_file, **overrides):
                 if scenario.name not in names:
                     continue
                 scenario.engine.bugs = list(bugs)
@@ -581,6 +614,8 @@ def zoo(
                                     "scenario: exact | tolerant (margin rule + noise floor)"),
     shrink: bool = typer.Option(False, "--shrink", help="shrink every caught cell (kvchaos shrink) and "
                                 "record its reproducer's size (slow: minutes per cell)"),
+    stack: Path = typer.Option(None, "--stack", help="run every cell on this stack file (its "
+                               "x-kvchaos.planted_bugs names the bug set: compose/vllm-cpu.yml has its own)"),
     shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink (at least "
                                         "10 times the caught run's and the shrink's first run's duration, 20 with planted bugs: "
                                         "control runs)"),
@@ -606,10 +641,15 @@ def zoo(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    chosen_bugs = list(bugs) if bugs else sorted(BUGS)
-    unknown = [b for b in chosen_bugs if b not in BUGS]
+    try:
+        known_bugs, zoo_map = bug_set(stack)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    chosen_bugs = list(bugs) if bugs else sorted(known_bugs)
+    unknown = [b for b in chosen_bugs if b not in known_bugs]
     if unknown:
-        typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(BUGS))}", err=True)
+        typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(known_bugs))}", err=True)
         raise typer.Exit(2)
     names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
     from chaos.campaign import parse_jobs
@@ -633,7 +673,12 @@ def zoo(
             raise ValueError(f"--exclude names unknown scenario(s) {sorted(skip - set(catalogue))}")
         paths = [p for p, n in zip(paths, catalogue) if n not in skip]
         catalogue = [n for n in catalogue if n not in skip]
-        plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names)
+        if stack is not None and names is None and not full:
+            # A stack of its own (vLLM: minutes a cell): the clean row runs what the map names.
+            mapped = {n for b in chosen_bugs for n in zoo_map.get(b, [])}
+            paths = [p for p, n in zip(paths, catalogue) if n in mapped]
+            catalogue = [n for n in catalogue if n in mapped]
+        plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names, zoo_map=zoo_map)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
@@ -647,7 +692,7 @@ def zoo(
     try:
         _zoo_runs(paths, plan, catalogue, report_dir, backend, timeout, repeat, out,
                   coverage_dir=coverage_dir, shrink_budget_s=shrink_budget if shrink else None,
-                  numerics=numerics, equivalence=equivalence, jobs=workers)
+                  numerics=numerics, equivalence=equivalence, stack=stack, jobs=workers)
     finally:
         interrupts.exit_on_signal()  # the zoo is over: a signal now only sets the exit code
 
@@ -655,7 +700,7 @@ def zoo(
 def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str], report_dir: Path,
               backend: str, timeout: float, repeat: int, out: Path, *, coverage_dir: Path | None = None,
               shrink_budget_s: float | None = None, numerics: str | None = None,
-              equivalence: str | None = None, jobs: int = 1) -> None:
+              equivalence: str | None = None, stack: Path | None = None, jobs: int = 1) -> None:
     from chaos import interrupts
 
     matrices: list[ZooMatrix] = []
@@ -671,7 +716,8 @@ def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str
                     typer.echo(f"zoo run {k} of {repeat}", err=True)
                 matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
                                  shrink_budget_s=shrink_budget_s, say=lambda m: typer.echo(m, err=True),
-                                 coverage=measure, numerics=numerics, equivalence=equivalence, jobs=jobs)
+                                 coverage=measure, numerics=numerics, equivalence=equivalence, stack=stack,
+                                 jobs=jobs)
                 matrices.append(matrix)
                 if repeat > 1:
                     matrix.write(out / f"run-{k}")

@@ -49,7 +49,10 @@ class XfailInfo(BaseModel):
     reason: str
     evidence: str | None = None
     upstream: str | None = None
+    checks: list[str] | None = None
     outcome: Literal["xfailed", "xpassed"] | None = None
+    #: failed checks that ``checks`` does not name: the run is FAILED, not XFAIL.
+    unexpected: list[str] = Field(default_factory=list)
 
 
 class InterruptInfo(BaseModel):

@@ -19,7 +19,8 @@ def exit_code(verdict: Verdict | RunVerdict, xfail: XfailInfo | None = None, err
 
     Args:
         verdict: the combined verdict of the checks, or "passed (window not proven)".
-        xfail: set when the scenario is expected to fail (known bug).
+        xfail: set when the scenario is expected to fail (known bug); a failure with
+            ``xfail.unexpected`` checks (not the known bug's) is still 1.
         error: infrastructure error text (stack did not start, runner crashed).
     Returns:
         3 on an infrastructure error; else 4 when inconclusive; else 1 when failed (0 under
@@ -32,7 +33,7 @@ def exit_code(verdict: Verdict | RunVerdict, xfail: XfailInfo | None = None, err
     if verdict == "unknown":
         return EXIT_INCONCLUSIVE
     if verdict == "failed":
-        return EXIT_PASSED if xfail is not None else EXIT_FAILED
+        return EXIT_PASSED if xfail is not None and not xfail.unexpected else EXIT_FAILED
     if verdict == UNPROVEN:
         return EXIT_UNPROVEN
     return EXIT_PASSED
@@ -99,8 +100,13 @@ def build_result(*, run_id: str, scenario: str, history: Iterable[Any], checks: 
     xf: XfailInfo | None = None
     if xfail is not None:
         raw = xfail if isinstance(xfail, dict) else (xfail.model_dump() if hasattr(xfail, "model_dump") else vars(xfail))
-        xf = XfailInfo.model_validate({k: raw.get(k) for k in ("reason", "evidence", "upstream") if raw.get(k) is not None})
+        xf = XfailInfo.model_validate({k: raw.get(k) for k in ("reason", "evidence", "upstream", "checks")
+                                       if raw.get(k) is not None})
         xf.outcome = {"failed": "xfailed", "passed": "xpassed"}.get(verdict)  # type: ignore[assignment]
+        other = sorted({c.name for c in checks if c.verdict == "failed"} - set(xf.checks or ())) if xf.checks else []
+        if verdict == "failed" and other:
+            # A check the known bug does not explain failed: not the expected failure.
+            xf.outcome, xf.unexpected = None, other
     if isinstance(durations, dict):
         durations = Durations.model_validate(durations)
     return RunResult(

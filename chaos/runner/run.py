@@ -631,7 +631,7 @@ def _write(scenario: Scenario, stack: Stack, run_dir: Path, run_id: str, history
         run_id=run_id, scenario=scenario.name, history=history.ops, checks=checks, seed=scenario.seed,
         description=scenario.description, scenario_path=str(scenario.source) if scenario.source else None,
         stack=str(stack.spec.path), started_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-        deadline_s=deadline, xfail=scenario.xfail, durations=durations,
+        deadline_s=deadline, xfail=scenario.expected_failure, durations=durations,
         service_exits=snapshots.service_exits, engine_bugs=scenario.engine.bugs, error=error,
         chunk_size=stack.settings.chunk_size or 256, interrupted=info, proxy=proxy)
     try:

@@ -155,7 +155,7 @@ def _result_without_run(scenario: Scenario, run_id: str, run_dir: Path, *, histo
     history = history or []
     result = build_result(run_id=run_id, scenario=scenario.name, history=history, checks=[], seed=scenario.seed,
                           description=scenario.description, scenario_path=str(scenario.source),
-                          stack=str(scenario.stack), xfail=scenario.xfail, error=error,
+                          stack=str(scenario.stack), xfail=scenario.expected_failure, error=error,
                           engine_bugs=scenario.engine.bugs, interrupted=interrupted)
     with interrupts.deferred():
         write_report(run_dir, result, history)

@@ -95,11 +95,21 @@ class EngineOptions(_Strict):
 
 
 class Xfail(_Strict):
-    """The scenario is expected to fail: a known, reported bug. A pass is reported as XPASS."""
+    """The scenario is expected to fail: a known, reported bug. A pass is reported as XPASS.
+    With ``stacks``, only on those stack files (a bug of one engine: elsewhere the scenario must
+    pass); with ``checks``, only when no other check fails (another failed check: FAILED)."""
 
     reason: str = Field(min_length=1, description="why it is expected to fail")
     evidence: str | None = Field(default=None, description="what a failing run shows (e.g. the check and its symptom)")
     upstream: str | None = Field(default=None, description="the upstream report, e.g. 'LMCache issue 2206'")
+    stacks: list[str] | None = Field(
+        default=None, min_length=1,
+        description="expected to fail only on these stacks (stack file names without .yml, e.g. "
+                    "vllm-cpu); default: every stack")
+    checks: list[str] | None = Field(
+        default=None, min_length=1,
+        description="the checks the known bug fails; a run where another check fails is FAILED, "
+                    "not XFAIL; default: any check")
 
 
 class Phase(_Strict, Triggered):
@@ -270,6 +280,15 @@ class Scenario(_Strict):
     def stack_variables(self) -> dict[str, str]:
         """Every stack variable this scenario sets: ``variables`` plus the engine options."""
         return {**self.variables, **self.engine.stack_variables()}
+
+    @property
+    def expected_failure(self) -> Xfail | None:
+        """``xfail`` where it applies to the stack this scenario runs on (``xfail.stacks`` names
+        stack files by stem; ``kvchaos run --stack`` replaces ``stack``), else None."""
+        x = self.xfail
+        if x is None or x.stacks is None or Path(self.stack).stem in x.stacks:
+            return x
+        return None
 
     @property
     def source(self) -> Path | None:

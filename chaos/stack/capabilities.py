@@ -51,7 +51,8 @@ CAPABILITIES: dict[str, str] = {
     "engine.logprobs": "the completions API returns top-k logprobs per generated token, tokens "
                        "spelled token_id:N (vLLM's return_tokens_as_token_ids)",
     "engine.planted_bugs": "the engine can be started with planted bugs (KVCHAOS_ENGINE_BUGS; "
-                           "the reference engine only)",
+                           "the set is x-kvchaos.planted_bugs: reference (chaos/engine/bugs.py) or "
+                           "vllm (chaos/vllm/bugs.py))",
     # LMCache's MP server.
     "lmcache.http": "LMCache's HTTP API at x-kvchaos.lmcache_http (/status, /cache/clear, "
                     "/metrics)",

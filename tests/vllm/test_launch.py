@@ -1,5 +1,5 @@
 """chaos/vllm/launch.py in the vLLM venv: the "+cpu" version answer and the planted-bug hook
-(no bug is defined yet: every name is refused, with exit 2 before vLLM starts)."""
+(an unknown name is refused, with exit 2 before vLLM starts; the bugs: tests/vllm/test_bugs.py)."""
 
 from __future__ import annotations
 
