@@ -62,9 +62,10 @@ demo: setup
 ## pytest-xdist workers (a test file stays on one worker, so module-scoped stacks are started
 ## once), then the catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own
 ## stacks) beside the network-fault scenarios with the real Toxiproxy, then their comparison and
-## the network suite under --backend compose. Each stage prints its wall time. The whole
-## real-proxy catalogue, the tests marked nightly (loaded-host reruns) and `make test-loaded`
-## are in `make nightly`.
+## the network suite under --backend compose, then the vLLM tier (`make vllm-tier`: the real
+## vLLM CPU stack, one stack at a time, alone on the machine). Each stage prints its wall time.
+## The whole real-proxy catalogue, the tests marked nightly (loaded-host reruns) and `make
+## test-loaded` are in `make nightly`; the vLLM zoo is `kvchaos zoo --stack compose/vllm-cpu.yml`.
 TEST_JOBS ?= 3
 CHAOS_JOBS ?= 3
 test: setup image
@@ -77,6 +78,12 @@ test: setup image
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory test-real-compare; \
 	rc=$$?; echo "stage compare and compose network suite: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); \
+	$(MAKE) --no-print-directory setup-vllm; \
+	rc=$$?; echo "stage vLLM set-up (.venv-vllm): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	@t0=$$(date +%s); \
+	$(MAKE) --no-print-directory vllm-tier; \
+	rc=$$?; echo "stage vLLM tier (real vLLM CPU + LMCache MP connector): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 
 ## The catalogue with the bundled proxy (the first half of `make test`'s chaos stage).
 test-chaos-bundled: setup
