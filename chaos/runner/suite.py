@@ -205,7 +205,8 @@ def run_in_pool(scenario: Scenario, pool: StackPool, opts: SuiteOptions, run_id:
     setup_s = time.monotonic() - t0
     box["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id,
                                  timeout_s=opts.timeout_s if timeout_s is None else timeout_s,
-                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"))
+                                 progress=lambda m, n=scenario.name: say(f"[{n}] {m}"),
+                                 after_checks=opts.after_checks)
     result = box["result"]
     with interrupts.deferred():
         pool.release(Path(scenario.stack), result)
