@@ -1,0 +1,43 @@
+"""Signatures deduplicate findings: same failed checks, diagnosis class and fault kinds are one
+finding; a shipped xfail scenario with the same fault kinds is "known" (never with a planted bug)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, known_findings, match_known, signature_of
+from chaos.scenario.loader import load_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_diagnosis_class_is_the_most_frequent_without_detail() -> None:
+    assert diagnosis_class(["kv_content (zero)", "kv_content (shifted)", "length_mismatch"]) == "kv_content"
+    assert diagnosis_class([]) == ""
+    assert diagnosis_class(["b", "a"]) == "a"  # a tie: alphabetical, so deterministic
+
+
+def test_same_failure_same_signature_order_free() -> None:
+    s = load_scenario(REPO / "scenarios" / "lookup-timeout.yaml")
+    a = signature_of(["recompute_equivalence", "liveness"], "kv_content", s)
+    b = signature_of(["liveness", "recompute_equivalence", "liveness"], "kv_content", s)
+    assert a == b and a.text() == "checks=liveness+recompute_equivalence | diagnosis=kv_content | faults=latency"
+    assert signature_of(["liveness"], "kv_content", s) != a
+    assert signature_of(["recompute_equivalence", "liveness"], "", s) != a
+    assert a.slug() == "liveness-recompute-equivalence-kv-content-latency"
+
+
+def test_known_findings_are_the_xfail_scenarios() -> None:
+    known = known_findings([REPO / "scenarios"])
+    names = {k.name for k in known}
+    assert "restart-between-heartbeats" in names
+    assert all(load_scenario(k.file).xfail is not None for k in known)
+    assert "smoke" not in names
+
+
+def test_match_known_needs_same_faults_and_a_check_it_runs() -> None:
+    k = KnownFinding(name="f", file="f.yaml", faults=("pause",), checks=frozenset({"leaks", "evidence"}))
+    assert match_known(Signature(("leaks",), "", ("pause",)), [k], planted_bugs=False) is k
+    assert match_known(Signature(("leaks",), "", ("pause",)), [k], planted_bugs=True) is None
+    assert match_known(Signature(("leaks",), "", ("kill",)), [k], planted_bugs=False) is None
+    assert match_known(Signature(("liveness",), "", ("pause",)), [k], planted_bugs=False) is None
