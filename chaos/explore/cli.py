@@ -41,6 +41,9 @@ def explore(
     timeout: float = typer.Option(600.0, "--timeout", help="per-run deadline for the phases (s)"),
     catalogue: list[Path] = typer.Option(None, "--known", help="xfail scenarios (files or folders) whose "
                                          "signatures are reported as known (default scenarios/)"),
+    guide: bool = typer.Option(False, "--guide/--no-guide", help="run, among the next 4 generated scenarios, the "
+                               "one whose fault kinds reached the most new LMCache counter combinations so far "
+                               "(without: the generated order, the same for the same seed)"),
     backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
     proxy: str | None = typer.Option(None, "--proxy", envvar="KVCHAOS_PROXY", help=PROXY_OPTION_HELP),
 ) -> None:
@@ -89,7 +92,8 @@ def explore(
     roots = list(catalogue) if catalogue else [Path("scenarios")]
     opts = ExploreOptions(seed=seed, budget_s=budget_s, max_runs=max_runs, bugs=bugs, out=out, backend=backend,
                           timeout_s=timeout, shrink_budget_s=shrink_s, shrink_reruns=shrink_reruns,
-                          diagnose=diagnose, diagnose_budget_s=diagnose_budget, known=known_findings(roots))
+                          diagnose=diagnose, diagnose_budget_s=diagnose_budget, known=known_findings(roots),
+                          guide=guide)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -104,7 +108,8 @@ def explore(
     d = summary.as_dict()
     print(f"explore {summary.explore_id}: {d['run_count']} runs in {d['elapsed_s']:.0f}s ({d['stopped_by']}): "
           f"passed {d['passed']}, failed {d['failed']}, inconclusive {d['inconclusive']}, error {d['error']}; "
-          f"window reached {d['window_reached_fraction']}; generator bugs {len(d['generator_invalid'])}")
+          f"window reached {d['window_reached_fraction']}; LMCache counter combinations "
+          f"{d['lmcache_counter_combinations']}; generator bugs {len(d['generator_invalid'])}")
     for g in d["signatures"]:
         print(f"  {g['signature']}: {g['count']}x, first at run {g['first_run_index']} after {g['first_elapsed_s']:.0f}s"
               f"{' (known: ' + g['known'] + ')' if g['known'] else ''} -> {g['scenario']}")

@@ -34,6 +34,7 @@ from typing import Any
 
 from chaos import interrupts
 from chaos.explore.generate import StackOffer, generate, write_scenario
+from chaos.explore.guidance import CounterGuide, counter_totals, grown
 from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, match_known, signature_of
 
 __all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "write_html"]
@@ -56,6 +57,9 @@ class ExploreOptions:
         diagnose: failing requests to diagnose per run (0: off).
         diagnose_budget_s: seconds of diagnosis per run.
         known: shipped findings (xfail scenarios) a signature may match.
+        guide: pick each run among the next ``guide_width`` generated scenarios by the record of
+            their fault-kind set at reaching new LMCache counter combinations
+            (chaos/explore/guidance.py); False: the generated order.
     """
 
     seed: int = 0
@@ -70,6 +74,8 @@ class ExploreOptions:
     diagnose: int = 3
     diagnose_budget_s: float = 60.0
     known: list[KnownFinding] = field(default_factory=list)
+    guide: bool = False
+    guide_width: int = 4
 
 
 @dataclass
@@ -90,6 +96,8 @@ class ExploreSummary:
     signatures: dict[str, dict[str, Any]] = field(default_factory=dict)
     generator_invalid: list[dict[str, Any]] = field(default_factory=list)
     inconclusive_by_trigger: Counter = field(default_factory=Counter)
+    guide: CounterGuide = field(default_factory=CounterGuide)
+    guided: bool = False
 
     def counts(self) -> dict[str, int]:
         """Runs per outcome: passed, failed, inconclusive, error, interrupted."""
@@ -112,6 +120,8 @@ class ExploreSummary:
             "elapsed_s": round(self.elapsed_s, 1), "stopped_by": self.stopped_by,
             "run_count": len(self.runs), **self.counts(),
             "window_reached_fraction": self.window_reached_fraction(),
+            "guided": self.guided,
+            "lmcache_counter_combinations": len(self.guide.seen),
             "generator_invalid": self.generator_invalid,
             "inconclusive_by_trigger": dict(self.inconclusive_by_trigger.most_common()),
             "signatures": sorted(self.signatures.values(), key=lambda s: s["first_run_index"]),
@@ -204,7 +214,9 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
     folder = opts.out / explore_id
     summary = ExploreSummary(explore_id=explore_id, folder=folder, stack=str(offer.path), seed=opts.seed,
                              bugs=list(opts.bugs), budget_s=opts.budget_s, max_runs=opts.max_runs,
-                             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), guided=opts.guide)
+    queue: list[tuple[int, dict]] = []  # generated, not yet run: (stream index, scenario dict)
+    stream = 0
     gen_dir, runs_dir, findings_dir = folder / "scenarios", folder / "runs", folder / "findings"
     pre_seen: dict[tuple, str] = {}  # (checks, diagnosis, generated fault kinds) -> signature text
     saved_env = {k: os.environ.get(k) for k in (ENV_LIMIT, ENV_BUDGET)}
@@ -228,7 +240,11 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
                     summary.stopped_by = f"budget {opts.budget_s:g}s"
                     break
                 interrupts.set_stage(f"explore run {index}")
-                data = generate(offer, opts.seed, index)
+                while len(queue) < (opts.guide_width if opts.guide else 1):
+                    queue.append((stream, generate(offer, opts.seed, stream)))
+                    stream += 1
+                pick = summary.guide.pick([d for _i, d in queue], _kinds) if opts.guide else 0
+                _stream_index, data = queue.pop(pick)
                 if opts.bugs:
                     data.setdefault("engine", {})["bugs"] = list(opts.bugs)
                 path = write_scenario(data, gen_dir)
@@ -244,20 +260,26 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
                 current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "index": index, "file": path}
                 say(f"[{index}] {scenario.name}: {data['description']}")
                 start = time.monotonic()
+                combination = None
                 try:
                     stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
                     restart_dirty(stack, say)
                 except (StackError, ConfigError) as exc:
                     result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
                 else:
+                    metrics = (stack.spec.settings.lmcache_http or "").rstrip("/")
+                    before = counter_totals(metrics + "/metrics") if metrics else None
                     result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
                                           progress=lambda m, n=index: say(f"[{n}] {m}"),
                                           after_checks=diagnose_after_checks)
+                    combination = grown(before, counter_totals(metrics + "/metrics") if metrics else None)
                 with interrupts.deferred():
                     pool.release(Path(scenario.stack), result)
                     (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
                 current = None
                 _record(summary, index, path, run_dir, result, time.monotonic() - start, time.monotonic() - t0)
+                summary.runs[-1]["lmcache_counters_grown"] = None if combination is None else sorted(combination)
+                summary.runs[-1]["new_combination"] = summary.guide.record(_kinds(data), combination)
                 say(f"[{index}] {summary.runs[-1]['outcome']}"
                     + (f": {', '.join(summary.runs[-1]['failed_checks'])}" if summary.runs[-1]["failed_checks"] else ""))
                 if summary.runs[-1]["outcome"] == "failed":
@@ -294,6 +316,11 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
     return summary
 
 
+def _kinds(data: dict) -> list[str]:
+    """The fault kinds of a generated scenario dict."""
+    return sorted({f["kind"] for ph in data["phases"] for f in ph.get("faults", [])})
+
+
 def _record(summary: ExploreSummary, index: int, path: Path, run_dir: Path, result: Any, seconds: float,
             elapsed: float) -> None:
     outcome = classify(result)
@@ -327,6 +354,7 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
         say(f"[{index}] seen before: {sig_text}")
         return
     shrink: dict[str, Any] = {"done": False}
+    stopped: KeyboardInterrupt | None = None
     final = scenario
     findings_dir.mkdir(parents=True, exist_ok=True)
     pending = findings_dir / f"pending-{index}.yaml"
@@ -343,9 +371,23 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
             shrink = {"done": True, "verified": res.verified, "reruns": res.reruns, "original": res.original,
                       "final": res.final, "seconds": round(time.monotonic() - s0, 1),
                       "budget_spent": res.budget_spent}
+        except KeyboardInterrupt as exc:  # a signal: the finding is kept unshrunk, then the exploration stops
+            stopped = exc
+            shrink = {"done": False, "error": "interrupted", "seconds": round(time.monotonic() - s0, 1)}
         except Exception as exc:  # noqa: BLE001 - one finding's shrink must not stop the exploration
             shrink = {"done": False, "error": f"{type(exc).__name__}: {exc}", "seconds": round(time.monotonic() - s0, 1)}
             say(f"[{index}] shrink failed: {shrink['error']}")
+    with interrupts.deferred():
+        _sign(summary, opts, index, run_dir, result, row, diag, final, shrink, pending, key, pre_seen, findings_dir,
+              t0, say)
+    if stopped is not None:
+        raise stopped
+
+
+def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Path, result: Any, row: dict,
+          diag: str, final: Any, shrink: dict, pending: Path, key: tuple, pre_seen: dict[tuple, str],
+          findings_dir: Path, t0: float, say: Callable[[str], None]) -> None:
+    """Record the signature of a finding (new: its file under findings/; seen: one more count)."""
     sig: Signature = signature_of(row["failed_checks"], diag, final)
     text = sig.text()
     pre_seen[key] = text
@@ -365,7 +407,7 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
     known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs))
     summary.signatures[text] = {
         "signature": text, "checks": list(sig.checks), "diagnosis": sig.diagnosis, "faults": list(sig.faults),
-        "count": 1, "first_run_index": index, "first_elapsed_s": round(time.monotonic() - t0, 1),
+        "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],
         "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
         "known": known.name if known else None, "known_file": known.file if known else None,
         "engine_bugs": list(result.engine_bugs), "runs": [str(run_dir)],

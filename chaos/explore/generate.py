@@ -375,7 +375,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     longest = 0.0
     for p in range(n_fault_phases):
         faults = []
-        for _ in range(rng.choice([1, 1, 2, 3])):  # several: overlapping windows in one phase
+        for _ in range(rng.choice([1, 1, 2] if n_fault_phases == 1 else [1, 1, 1, 2])):  # several: overlapping
             fault = _draw_fault(rng, offer, kinds) if kinds else None
             if fault is None:
                 continue

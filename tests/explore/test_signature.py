@@ -41,3 +41,18 @@ def test_match_known_needs_same_faults_and_a_check_it_runs() -> None:
     assert match_known(Signature(("leaks",), "", ("pause",)), [k], planted_bugs=True) is None
     assert match_known(Signature(("leaks",), "", ("kill",)), [k], planted_bugs=False) is None
     assert match_known(Signature(("liveness",), "", ("pause",)), [k], planted_bugs=False) is None
+
+
+def test_guide_prefers_kind_sets_that_reach_new_counter_combinations() -> None:
+    from chaos.explore.guidance import CounterGuide, grown
+
+    assert grown({"a_total": 1.0}, {"a_total": 2.0, "b_total": 0.0, "c_total": 1.0}) == frozenset({"a_total", "c_total"})
+    assert grown(None, {"a_total": 1.0}) is None
+    g = CounterGuide()
+    assert g.record(["latency"], frozenset({"x"})) is True
+    assert g.record(["latency"], frozenset({"x"})) is False  # seen: no credit
+    assert g.record(["kill"], None) is False  # LMCache unreadable after the run: no credit
+    assert g.score(["latency"]) == 0.5 and g.score(["kill"]) == 0.0 and g.score(["pause"]) == 1.0
+    # never tried first, then the best record; the first among equals
+    assert g.pick([["kill"], ["latency"], ["pause"], ["tier_flush"]], lambda k: k) == 2
+    assert g.pick([["kill"], ["latency"]], lambda k: k) == 1
