@@ -41,6 +41,8 @@ def explore(
     timeout: float = typer.Option(600.0, "--timeout", help="per-run deadline for the phases (s)"),
     catalogue: list[Path] = typer.Option(None, "--known", help="xfail scenarios (files or folders) whose "
                                          "signatures are reported as known (default scenarios/)"),
+    stop_on_finding: bool = typer.Option(False, "--stop-on-finding", help="stop at the first new (not known) "
+                                         "signature: runs and minutes to a first finding"),
     guide: bool = typer.Option(False, "--guide/--no-guide", help="run, among the next 4 generated scenarios, the "
                                "one whose fault kinds reached the most new LMCache counter combinations so far "
                                "(without: the generated order, the same for the same seed)"),
@@ -93,7 +95,7 @@ def explore(
     opts = ExploreOptions(seed=seed, budget_s=budget_s, max_runs=max_runs, bugs=bugs, out=out, backend=backend,
                           timeout_s=timeout, shrink_budget_s=shrink_s, shrink_reruns=shrink_reruns,
                           diagnose=diagnose, diagnose_budget_s=diagnose_budget, known=known_findings(roots),
-                          guide=guide)
+                          guide=guide, stop_on_finding=stop_on_finding)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -57,6 +57,8 @@ class ExploreOptions:
         diagnose: failing requests to diagnose per run (0: off).
         diagnose_budget_s: seconds of diagnosis per run.
         known: shipped findings (xfail scenarios) a signature may match.
+        stop_on_finding: stop once a run gave a new signature that is not known (to measure the
+            runs and time to a first finding).
         guide: pick each run among the next ``guide_width`` generated scenarios by the record of
             their fault-kind set at reaching new LMCache counter combinations
             (chaos/explore/guidance.py); False: the generated order.
@@ -76,6 +78,7 @@ class ExploreOptions:
     known: list[KnownFinding] = field(default_factory=list)
     guide: bool = False
     guide_width: int = 4
+    stop_on_finding: bool = False
 
 
 @dataclass
@@ -287,6 +290,9 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
                              t0, left, say)
                 summary.write()
                 index += 1
+                if opts.stop_on_finding and any(not g["known"] for g in summary.signatures.values()):
+                    summary.stopped_by = "first new finding"
+                    break
         except KeyboardInterrupt as exc:
             stop = interrupts.as_interrupt(exc)
             if current is not None:
