@@ -114,7 +114,8 @@ def explore(
           f"{d['lmcache_counter_combinations']}; generator bugs {len(d['generator_invalid'])}")
     for g in d["signatures"]:
         print(f"  {g['signature']}: {g['count']}x, first at run {g['first_run_index']} after {g['first_elapsed_s']:.0f}s"
-              f"{' (known: ' + g['known'] + ')' if g['known'] else ''} -> {g['scenario']}")
+              f"{' (known: ' + g['known'] + ')' if g['known'] else ''}"
+              f"{'' if not g['engine_bugs'] else '; clean engine: ' + str(g['clean_engine'])} -> {g['scenario']}")
     print(f"summary: {summary.folder / 'summary.json'}; page: {summary.folder / 'index.html'}")
     new = [g for g in d["signatures"] if not g["known"]]
     raise typer.Exit(EXIT_FOUND if new else EXIT_OK)

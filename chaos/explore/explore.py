@@ -58,7 +58,8 @@ class ExploreOptions:
         diagnose_budget_s: seconds of diagnosis per run.
         known: shipped findings (xfail scenarios) a signature may match.
         stop_on_finding: stop once a run gave a new signature that is not known (to measure the
-            runs and time to a first finding).
+            runs and time to a first finding); with planted bugs, one that passes on the clean
+            engine (its control run), so that the finding is the bug's.
         guide: pick each run among the next ``guide_width`` generated scenarios by the record of
             their fault-kind set at reaching new LMCache counter combinations
             (chaos/explore/guidance.py); False: the generated order.
@@ -290,7 +291,8 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
                              t0, left, say)
                 summary.write()
                 index += 1
-                if opts.stop_on_finding and any(not g["known"] for g in summary.signatures.values()):
+                if opts.stop_on_finding and any(not g["known"] and (not opts.bugs or g["attributed_to_bug"])
+                                                for g in summary.signatures.values()):
                     summary.stopped_by = "first new finding"
                     break
         except KeyboardInterrupt as exc:
@@ -384,16 +386,50 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
             shrink = {"done": False, "error": f"{type(exc).__name__}: {exc}", "seconds": round(time.monotonic() - s0, 1)}
             say(f"[{index}] shrink failed: {shrink['error']}")
     with interrupts.deferred():
-        _sign(summary, opts, index, run_dir, result, row, diag, final, shrink, pending, key, pre_seen, findings_dir,
-              t0, say)
+        entry = _sign(summary, opts, index, run_dir, result, row, diag, final, shrink, pending, key, pre_seen,
+                      findings_dir, t0, say)
     if stopped is not None:
         raise stopped
+    if entry is not None and result.engine_bugs:
+        _control(entry, pool, opts, run_dir, say)
+
+
+def _control(entry: dict, pool: Any, opts: ExploreOptions, run_dir: Path, say: Callable[[str], None]) -> None:
+    """A new finding of a run with planted bugs, run once more on the clean engine: the failure
+    is the bug's only when the clean engine passes (``clean_engine``, ``attributed_to_bug``)."""
+    from chaos.runner.leaks import restart_dirty
+    from chaos.runner.run import run_scenario
+    from chaos.scenario.loader import load_scenario
+    from chaos.stack.base import StackError, new_run_id
+    from chaos.yamlsource import ConfigError
+
+    clean = load_scenario(entry["scenario"])
+    clean.engine.bugs = []
+    run_id = new_run_id(clean.name + "-clean")
+    cdir = run_dir / "control" / run_id
+    say(f"[{entry['first_run_index']}] control: the finding on the clean engine")
+    try:
+        stack = pool.acquire(Path(clean.stack), clean.stack_variables(), say=say)
+        restart_dirty(stack, say)
+    except (StackError, ConfigError) as exc:
+        entry["clean_engine"] = f"error: {exc}"
+        entry["attributed_to_bug"] = None
+        return
+    res = run_scenario(clean, stack, cdir, run_id=run_id, timeout_s=opts.timeout_s)
+    pool.release(Path(clean.stack), res)
+    outcome = classify(res)
+    entry["clean_engine"] = outcome
+    entry["clean_engine_failed_checks"] = [c.name for c in res.checks if c.verdict == "failed"]
+    entry["clean_engine_run_dir"] = str(cdir)
+    entry["attributed_to_bug"] = True if outcome == "passed" else (False if outcome == "failed" else None)
+    say(f"[{entry['first_run_index']}] control on the clean engine: {outcome}")
 
 
 def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Path, result: Any, row: dict,
           diag: str, final: Any, shrink: dict, pending: Path, key: tuple, pre_seen: dict[tuple, str],
-          findings_dir: Path, t0: float, say: Callable[[str], None]) -> None:
-    """Record the signature of a finding (new: its file under findings/; seen: one more count)."""
+          findings_dir: Path, t0: float, say: Callable[[str], None]) -> dict | None:
+    """Record the signature of a finding (new: its file under findings/; seen: one more count).
+    Returns the new signature's entry, None for one seen before."""
     sig: Signature = signature_of(row["failed_checks"], diag, final)
     text = sig.text()
     pre_seen[key] = text
@@ -403,7 +439,7 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
         entry["count"] += 1
         entry["runs"].append(str(run_dir))
         pending.unlink(missing_ok=True)
-        return
+        return None
     target = findings_dir / f"{sig.slug()}.yaml"
     if shrink.get("done") and pending.is_file():
         pending.replace(target)
@@ -417,8 +453,10 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
         "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
         "known": known.name if known else None, "known_file": known.file if known else None,
         "engine_bugs": list(result.engine_bugs), "runs": [str(run_dir)],
+        "clean_engine": None, "attributed_to_bug": None,
     }
     say(f"[{index}] new signature: {text}" + (f" (known: {known.name})" if known else "") + f" -> {target}")
+    return summary.signatures[text]
 
 
 def _relink_stack(path: Path, was_in: Path) -> None:
