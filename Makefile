@@ -155,7 +155,7 @@ zoo-tolerant: setup
 ## A bounded `kvchaos explore` (docs/explore.md): generated scenarios against the reference stack
 ## with a planted engine bug, so that it shows a finding (shrunk, signed, in
 ## reports/explore-smoke/<explore-id>/). A few minutes; not in `make test` (yet).
-EXPLORE_SMOKE_ARGS ?= --max-runs 4 --budget 5m --shrink-budget 90s --bug hit-plus-one-chunk --seed 1
+EXPLORE_SMOKE_ARGS ?= --max-runs 3 --budget 5m --shrink-budget 60s --bug hit-plus-one-chunk --seed 55
 explore-smoke: setup
 	rm -rf reports/explore-smoke
 	$(KVCHAOS) explore --stack compose/reference.yml --out reports/explore-smoke $(EXPLORE_SMOKE_ARGS); \

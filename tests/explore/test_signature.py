@@ -56,3 +56,34 @@ def test_guide_prefers_kind_sets_that_reach_new_counter_combinations() -> None:
     # never tried first, then the best record; the first among equals
     assert g.pick([["kill"], ["latency"], ["pause"], ["tier_flush"]], lambda k: k) == 2
     assert g.pick([["kill"], ["latency"]], lambda k: k) == 1
+
+
+def test_counter_totals_sum_counters_over_labels_from_a_real_page() -> None:
+    import http.server
+    import threading
+
+    from chaos.explore.guidance import counter_totals
+
+    page = (b"# TYPE lmcache_mp_lookup_hit_tokens counter\n"
+            b'lmcache_mp_lookup_hit_tokens_total{model="a"} 256\n'
+            b'lmcache_mp_lookup_hit_tokens_total{model="b"} 512\n'
+            b"# TYPE lmcache_mp_l1_usage gauge\nlmcache_mp_l1_usage 0.5\n")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(page if self.path == "/metrics" else b"")
+
+        def log_message(self, *_a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert counter_totals(base + "/metrics") == {"lmcache_mp_lookup_hit_tokens_total": 768.0}
+        assert counter_totals(base + "/nothing") is None
+    finally:
+        server.shutdown()
+        server.server_close()
