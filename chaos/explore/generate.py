@@ -144,6 +144,18 @@ def _link_fault(kind: str, extra: Callable[[random.Random], dict[str, Any]]):
     return make
 
 
+def _limit_data(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+    """A connection cut after N bytes: small N upstream (requests, lookups: a few KB), up to a
+    few chunks downstream (a 2 MiB chunk of KV per retrieve), so that traffic reaches the limit
+    (a limit above what crosses never acts: the run would be inconclusive)."""
+    if not offer.links:
+        return None
+    stream = rng.choice(["downstream", "upstream"])
+    sizes = [0, 256, 2048] if stream == "upstream" else [4096, 65536, 524288]
+    return {"kind": "limit_data", "link": rng.choice(offer.links), "stream": stream, "bytes": rng.choice(sizes),
+            **_timing(rng)}
+
+
 def _link_down(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
     if not offer.links:
         return None
@@ -255,7 +267,7 @@ MAKERS: dict[str, Callable[[random.Random, StackOffer], dict[str, Any] | None]] 
     "latency": _link_fault("latency", lambda r: {"latency_ms": r.choice([100, 500, 1500, 3000]),
                                                  **({"jitter_ms": r.choice([50, 200])} if r.random() < 0.3 else {})}),
     "bandwidth": _link_fault("bandwidth", lambda r: {"rate_kbps": r.choice([20, 200, 2000])}),
-    "limit_data": _link_fault("limit_data", lambda r: {"bytes": r.choice([0, 4096, 65536, 524288, 2097152])}),
+    "limit_data": _limit_data,
     "link_down": _link_down,
     "reset_peer": _link_fault("reset_peer", lambda r: {"timeout_ms": r.choice([0, 100, 1000])}),
     "timeout": _link_fault("timeout", lambda r: {"timeout_ms": r.choice([0, 500, 2000])}),
@@ -377,11 +389,16 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         faults = []
         for _ in range(rng.choice([1, 1, 2] if n_fault_phases == 1 else [1, 1, 1, 2])):  # several: overlapping
             fault = _draw_fault(rng, offer, kinds) if kinds else None
-            if fault is None:
-                continue
+            if fault is not None:
+                faults.append(fault)
+        if (any(f["kind"] == "l2_corrupt" for f in faults) and "tier_flush" in kinds
+                and not any(f["kind"] == "tier_flush" for f in faults) and rng.random() < 0.8):
+            # L2 is read only for what L1 no longer holds: empty L1 first, or nothing reads
+            # the corrupted objects and the fault never acts (as scenarios/l2-truncate.yaml)
+            faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
+        for fault in faults:
             fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
             number += 1
-            faults.append(fault)
         phase: dict[str, Any] = {"name": f"fault-{p + 1}"}
         if faults:
             phase["faults"] = faults
@@ -389,7 +406,8 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         if faults and rng.random() < 0.2:
             phase["requests_start"] = "at_once"
         if (faults and rng.random() < 0.25 and all(f.get("after") != "requests" for f in faults)
-                and all(_basis(f) != "requests_in_place" for f in faults)):
+                and all(_basis(f) == "requests_from_apply" for f in faults)):
+            # only what a later request meets (a kill, a flush): the rest needs requests in place
             phase["requests"] = 0  # the fault acts on a quiet stack; the next phase meets what it left
             phase["duration"] = "2s"
         phases.append(phase)
