@@ -58,8 +58,8 @@ class ExploreOptions:
         diagnose_budget_s: seconds of diagnosis per run.
         known: shipped findings (xfail scenarios) a signature may match.
         stop_on_finding: stop once a run gave a new signature that is not known (to measure the
-            runs and time to a first finding); with planted bugs, one that passes on the clean
-            engine (its control run), so that the finding is the bug's.
+            runs and time to a first finding); with planted bugs, one whose control run on the
+            clean engine fails none of its checks, so that the finding is the bug's.
         guide: pick each run among the next ``guide_width`` generated scenarios by the record of
             their fault-kind set at reaching new LMCache counter combinations
             (chaos/explore/guidance.py); False: the generated order.
@@ -396,7 +396,8 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
 
 def _control(entry: dict, pool: Any, opts: ExploreOptions, run_dir: Path, say: Callable[[str], None]) -> None:
     """A new finding of a run with planted bugs, run once more on the clean engine: the failure
-    is the bug's only when the clean engine passes (``clean_engine``, ``attributed_to_bug``)."""
+    is the bug's when the clean engine fails none of its checks (``clean_engine``: the control's
+    outcome, ``attributed_to_bug``)."""
     from chaos.runner.leaks import restart_dirty
     from chaos.runner.run import run_scenario
     from chaos.scenario.loader import load_scenario
@@ -421,7 +422,11 @@ def _control(entry: dict, pool: Any, opts: ExploreOptions, run_dir: Path, say: C
     entry["clean_engine"] = outcome
     entry["clean_engine_failed_checks"] = [c.name for c in res.checks if c.verdict == "failed"]
     entry["clean_engine_run_dir"] = str(cdir)
-    entry["attributed_to_bug"] = True if outcome == "passed" else (False if outcome == "failed" else None)
+    # The bug's when the clean engine fails none of the finding's checks (its own fault window may
+    # go unreached there: a wrong output after a hit does not need the fault); not when it fails
+    # one of them; unknown when the control could not run to its checks.
+    same = set(entry["clean_engine_failed_checks"]) & set(entry["checks"])
+    entry["attributed_to_bug"] = None if outcome in ("error", "interrupted") else not same
     say(f"[{entry['first_run_index']}] control on the clean engine: {outcome}")
 
 
