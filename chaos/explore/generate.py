@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -67,6 +68,8 @@ class StackOffer:
         l2_tiers: L2 tiers: ``fs`` (``l2_fs_path``) and/or ``redis``.
         chunk: LMCache's chunk size, tokens.
         capabilities: chaos/stack/capabilities.py names plus ``var:NAME`` per variable read.
+        l2_links: the links to an L2 server (their upstream is the Redis URL's host:port):
+            LMCache uses them only for what L1 no longer holds.
     """
 
     path: Path
@@ -77,6 +80,7 @@ class StackOffer:
     l2_tiers: tuple[str, ...]
     chunk: int
     capabilities: frozenset[str]
+    l2_links: tuple[str, ...] = ()
 
     def has(self, capability: str) -> bool:
         """The stack meets ``capability`` (``"a|b"``: either)."""
@@ -97,9 +101,11 @@ def stack_offer(path: str | Path) -> StackOffer:
     redis = s.redis.service if s.redis is not None else None
     if redis:
         tiers.append("redis")
+    redis_at = urlsplit(s.redis.url).netloc if s.redis is not None else None
+    l2_links = tuple(sorted(name for name, link in s.links.items() if redis_at and link.upstream == redis_at))
     return StackOffer(path=Path(path).resolve(), links=tuple(sorted(s.links)), engine=s.engine, lmcache=s.lmcache,
                       redis=redis, l2_tiers=tuple(tiers), chunk=int(s.chunk_size or 256),
-                      capabilities=frozenset(spec.capabilities()))
+                      capabilities=frozenset(spec.capabilities()), l2_links=l2_links)
 
 
 def _basis(fault: dict[str, Any]) -> str:
@@ -224,7 +230,9 @@ def _retrieve_fail(rng: random.Random, offer: StackOffer) -> dict[str, Any] | No
 def _l2_corrupt(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
     if not offer.l2_tiers:
         return None
-    target = rng.choice(list(offer.l2_tiers) + (["both"] if len(offer.l2_tiers) == 2 else []))
+    # With two tiers LMCache may read the other one's copy: "both" most of the time
+    target = ("both" if len(offer.l2_tiers) == 2 and rng.random() < 0.7
+              else rng.choice(list(offer.l2_tiers)))
     out: dict[str, Any] = {"kind": "l2_corrupt", "mode": rng.choice(["truncate", "delete", "bitflip"]),
                            "target": target}
     if out["mode"] == "bitflip":
@@ -391,10 +399,11 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             fault = _draw_fault(rng, offer, kinds) if kinds else None
             if fault is not None:
                 faults.append(fault)
-        if (any(f["kind"] == "l2_corrupt" for f in faults) and "tier_flush" in kinds
+        if (any(f["kind"] == "l2_corrupt" or f.get("link") in offer.l2_links for f in faults) and "tier_flush" in kinds
                 and not any(f["kind"] == "tier_flush" for f in faults) and rng.random() < 0.8):
             # L2 is read only for what L1 no longer holds: empty L1 first, or nothing reads
-            # the corrupted objects and the fault never acts (as scenarios/l2-truncate.yaml)
+            # the corrupted objects or crosses the L2 link and the fault never acts (as
+            # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
         for fault in faults:
             fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
