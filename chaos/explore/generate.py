@@ -213,8 +213,11 @@ def _service_fault(kind: str):
 
 
 def _preempt(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    # A bounded window: preempting every 700 ms `until: end` on a slow host can keep a phase's
+    # requests from ever finishing (each resume recomputes; seen on seed 1: a phase ran 5+ min)
     return {"kind": "preempt", "via": "hook", "target": rng.choice(["newest", "all"]),
-            "interval": _ms(rng.choice([300, 700, 1500])), "until": "end"}
+            "interval": _ms(rng.choice([700, 1500, 3000])), "start": "0ms",
+            "duration": _ms(1000 * rng.choice([2, 3, 5]))}
 
 
 def _retrieve_fail(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
