@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup setup-vllm vllm-tier image demo test test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
+.PHONY: setup setup-vllm vllm-tier image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
 
 setup:
 	bash scripts/setup.sh
@@ -58,7 +58,7 @@ TEST_JOBS ?= 3
 CHAOS_JOBS ?= 3
 test: setup image
 	@t0=$$(date +%s); \
-	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile tests; \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile --durations=25 tests; \
 	rc=$$?; echo "stage non-chaos: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse test-chaos-bundled test-real-network; \
@@ -70,7 +70,8 @@ test: setup image
 ## The catalogue with the bundled proxy (the first half of `make test`'s chaos stage).
 test-chaos-bundled: setup
 	rm -rf reports/chaos-bundled
-	$(PYTEST_CHAOS) -n $(CHAOS_JOBS) --kvchaos-proxy bundled --kvchaos-report-dir reports/chaos-bundled --junitxml=reports/junit-chaos.xml
+	$(PYTEST_CHAOS) -n $(CHAOS_JOBS) --kvchaos-proxy bundled --kvchaos-report-dir reports/chaos-bundled --junitxml=reports/junit-chaos.xml \
+		--store-durations --durations-path reports/durations-chaos.json
 
 ## The network-fault scenarios (pytest marker `network`: a fault on a proxied link) with the
 ## real Toxiproxy (local backend).
@@ -107,6 +108,30 @@ else
 endif
 	$(PY) -m pytest -q -p no:cacheprovider -m nightly -n $(TEST_JOBS) --dist loadfile tests
 	$(MAKE) --no-print-directory test-loaded
+
+## One shard of the nightly catalogue work, for a matrix of runners (the nightly workflow's
+## `shards` job): the scenarios of group SHARD of SHARDS (pytest-split, balanced on the scenario
+## times in .test_durations, which `make record-durations` refreshes from a `make test` run),
+## with the bundled proxy and with the real Toxiproxy, compared; then that group of the tests
+## marked nightly. `make nightly` is the same work on one machine (SHARDS=1).
+SHARDS ?= 1
+SHARD ?= 1
+SPLIT = --splits $(SHARDS) --group $(SHARD) --durations-path .test_durations --splitting-algorithm least_duration
+nightly-shard: setup
+ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
+	@$(NO_TOXIPROXY)
+else
+	rm -rf reports/shard-bundled reports/shard-real
+	$(PYTEST_CHAOS) $(SPLIT) -n $(CHAOS_JOBS) --kvchaos-proxy bundled --kvchaos-report-dir reports/shard-bundled --junitxml=reports/junit-shard-bundled.xml
+	$(PYTEST_CHAOS) $(SPLIT) -n $(CHAOS_JOBS) --kvchaos-proxy real --kvchaos-report-dir reports/shard-real --junitxml=reports/junit-shard-real.xml
+	$(PY) -m chaos.report.compare reports/shard-bundled reports/shard-real --require-bitten
+endif
+	$(PY) -m pytest -q -p no:cacheprovider -m nightly $(SPLIT) tests || test $$? -eq 5  # 5: none in this group
+
+## .test_durations (the nightly shards' balance) from the scenario times a `make test` run
+## recorded (reports/durations-chaos.json).
+record-durations:
+	$(PY) -c "import json, pathlib; p = pathlib.Path('.test_durations'); old = json.loads(p.read_text()) if p.exists() else {}; new = json.loads(pathlib.Path('reports/durations-chaos.json').read_text()); p.write_text(json.dumps({**old, **new}, indent=2, sort_keys=True) + chr(10))"
 
 # No real Toxiproxy binary: an error under CI, a skip elsewhere.
 NO_TOXIPROXY = if [ -n "$$CI" ]; then echo "$@: error: no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)" >&2; exit 1; fi; \
@@ -196,9 +221,10 @@ test-loaded: setup image
 ## are held against the catalogue (clean scenarios pass, findings XFAIL, every fault bitten:
 ## 0 false verdicts).
 LOADED_RUNS ?= 1 2 3
+LOAD_PROCS ?= 4
 catalogue-loaded: setup
 	rm -rf $(foreach i,$(LOADED_RUNS),reports/loaded-$(i))
-	-$(PY) benchmarks/load.py --procs 4 --max-s 10800 -- sh -c 'for i in $(LOADED_RUNS); do \
+	-$(PY) benchmarks/load.py --procs $(LOAD_PROCS) --max-s 10800 -- sh -c 'for i in $(LOADED_RUNS); do \
 	  $(KVCHAOS) run scenarios/ --report-dir reports/loaded-$$i; done'
 	$(PY) -m chaos.report.compare --expected --require-bitten $(foreach i,$(LOADED_RUNS),reports/loaded-$(i))
 

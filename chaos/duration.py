@@ -94,10 +94,12 @@ PositiveDuration = Annotated[float, BeforeValidator(_positive), WithJsonSchema({
 
 
 def format_duration(seconds: float) -> str:
-    """Render float seconds for people: ``0.5`` -> ``"500ms"``, ``90`` -> ``"1m30s"``."""
+    """Render float seconds for people: ``0.5`` -> ``"500ms"``, ``90`` -> ``"1m30s"``; ten
+    significant digits, so that :func:`parse_duration` gives the value back within 1e-9 relative
+    (``:g``'s six lost microseconds: 3.5198556 s rendered "3.51986s")."""
     if seconds < 1 and seconds != 0:
-        return f"{seconds * 1000:g}ms"
+        return f"{seconds * 1000:.10g}ms"
     minutes, secs = divmod(seconds, 60)
     if minutes >= 1:
-        return f"{int(minutes)}m{secs:g}s" if secs else f"{int(minutes)}m"
-    return f"{secs:g}s"
+        return f"{int(minutes)}m{secs:.10g}s" if secs else f"{int(minutes)}m"
+    return f"{secs:.10g}s"

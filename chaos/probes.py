@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.httppool import pool_limits
 from chaos.prometheus import text_samples
 
-__all__ = ["Condition", "Trigger", "NO_TRIGGER", "conditions_of", "check_no_trigger_reason", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
+__all__ = ["Condition", "Trigger", "Triggered", "NO_TRIGGER", "conditions_of", "check_no_trigger_reason", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
            "http_base", "read_json_number", "read_metric", "LogCursor", "json_at",
            "trigger_problems", "stack_capabilities", "SAMPLE_EVERY_S"]
 
@@ -207,6 +207,33 @@ def check_no_trigger_reason(trigger: list[Condition] | str, reason: str | None) 
     if trigger != NO_TRIGGER and reason is not None:
         raise ValueError("`reason` is for `trigger: none` (why no trigger proves the window); drop it or "
                          "say `trigger: none`")
+
+
+class Triggered(BaseModel):
+    """What a model with a ``trigger`` and a ``reason`` field shares (a fault's parameters, a
+    phase): one condition or a list, ``trigger: none`` only with a ``reason``, and the
+    properties the runner and ``validate`` read. The fields themselves (with their own
+    descriptions) are the subclass's."""
+
+    @field_validator("trigger", mode="before", check_fields=False)
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return normalize_trigger(v)
+
+    @model_validator(mode="after")
+    def _none_needs_reason(self) -> "Triggered":
+        check_no_trigger_reason(self.trigger, self.reason)  # type: ignore[attr-defined]
+        return self
+
+    @property
+    def conditions(self) -> list[Condition]:
+        """The declared trigger's conditions (``[]``: none declared, or ``trigger: none``)."""
+        return conditions_of(self.trigger)  # type: ignore[attr-defined]
+
+    @property
+    def window_unproven(self) -> bool:
+        """``trigger: none``: the author says nothing proves this window."""
+        return self.trigger == NO_TRIGGER  # type: ignore[attr-defined]
 
 
 # --- the stack side ----------------------------------------------------------------------

@@ -345,11 +345,83 @@ def diagnosis_summary(run_dir: Path) -> str | None:
     return ", ".join(f"{v} x{n}" if n > 1 else v for v, n in counts.most_common())
 
 
+def _record(matrix: ZooMatrix, row: str, scenario, result, run_dir: Path, elapsed: float,
+            say: Callable[[str], None]) -> str:
+    """Put one cell's run into the matrix (its cell, time, failed checks, equivalence rates and
+    diagnosis); returns the cell."""
+    cell = cell_for(result.verdict, planted=row != CLEAN, xfail=scenario.xfail is not None,
+                    error=result.error is not None)
+    failing = [c.name for c in result.checks if c.verdict != "passed"]
+    matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
+    rates = equivalence_rates(result)
+    if rates is not None:
+        matrix.equivalence.setdefault(row, {})[scenario.name] = rates
+    say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
+    if cell in ("caught", "failed") and (why := diagnosis_summary(run_dir)):
+        matrix.diagnoses.setdefault(row, {})[scenario.name] = why
+    return cell
+
+
+def _run_zoo_parallel(scenario_paths: list[Path], plan: dict[str, list[str]], matrix: ZooMatrix, *,
+                      report_dir: Path, backend: str, timeout_s: float, shrink_budget_s: float | None,
+                      say: Callable[[str], None], overrides: dict, jobs: int) -> ZooMatrix:
+    """The zoo's cells as one campaign (chaos/campaign.py) over ``jobs`` workers, each with its
+    own stack pool: a cell whose run left something held or disrupted a process gets a fresh
+    stack (the pool's rule, stronger than the serial zoo's restart of what holds something).
+    Caught cells are shrunk afterwards, one at a time, on a pool of their own."""
+    from chaos import interrupts
+    from chaos.campaign import run_campaign
+    from chaos.diagnose.hook import diagnose_after_checks
+    from chaos.runner.stacks import StackPool
+    from chaos.runner.suite import SuiteOptions, load_and_validate
+    from chaos.stack.base import new_run_id
+
+    cells: list[tuple[str, object]] = []
+    for row, names in plan.items():
+        for scenario in load_and_validate(scenario_paths, **overrides):
+            if scenario.name in names:
+                scenario.engine.bugs = [] if row == CLEAN else [row]
+                cells.append((row, scenario))
+    opts = SuiteOptions(backend=backend, report_dir=report_dir, timeout_s=timeout_s, run_id_prefix="zoo-",
+                        after_checks=diagnose_after_checks)
+    say(f"{len(cells)} cells over {jobs} workers")
+    try:
+        results, _suite = run_campaign([sc for _row, sc in cells], opts, jobs, say)
+    except interrupts.RunInterrupted as stop:
+        for (row, scenario), result in zip(cells, stop.results or []):
+            if result.verdict == "interrupted":
+                matrix.set(row, scenario.name, "interrupted", None, str(report_dir / result.run_id), failed_checks=[])
+            else:
+                _record(matrix, row, scenario, result, report_dir / result.run_id,
+                        result.durations.total_s or 0.0, say)
+        stop.results = [matrix]
+        raise
+    caught = []
+    for (row, scenario), result in zip(cells, results):
+        run_dir = report_dir / result.run_id
+        took = (result.durations.total_s or 0.0) + (result.durations.stack_up_s or 0.0)
+        if _record(matrix, row, scenario, result, run_dir, took, say) == "caught":
+            caught.append((row, scenario.name, run_dir))
+    if shrink_budget_s is not None and caught:
+        pool = StackPool(backend, report_dir / new_run_id("zoo-shrink-stacks"))
+        try:
+            for row, name, run_dir in caught:
+                matrix.shrunk.setdefault(row, {})[name] = _shrink_cell(run_dir, pool, shrink_budget_s, say)
+        finally:
+            try:
+                pool.close()
+            except KeyboardInterrupt:  # held until the stacks were down
+                pass
+    return matrix
+
+
 def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_dir: Path,
             backend: str = "local", timeout_s: float = 600.0, shrink_budget_s: float | None = None,
             say: Callable[[str], None] = lambda _m: None, coverage: object | None = None,
-            numerics: str | None = None, equivalence: str | None = None) -> ZooMatrix:
-    """Run the plan on one stack pool and fill the matrix.
+            numerics: str | None = None, equivalence: str | None = None, jobs: int = 1) -> ZooMatrix:
+    """Run the plan on one stack pool and fill the matrix (with ``jobs`` > 1: as a campaign over
+    that many workers, each with its own stacks; not with ``coverage``, which measures one
+    engine process).
 
     Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
     the row's bug (``[]`` for ``CLEAN``), keeping each scenario's seed and other engine options.
@@ -367,9 +439,12 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
             each cell under the context ``<row>/<scenario>``.
         numerics: every row's engine numerics (``batch-dependent``); None keeps the scenarios'.
         equivalence: every scenario's recompute_equivalence mode (``tolerant``); None keeps it.
+        jobs: worker processes (chaos/campaign.py); 1: this process, one pool.
 
     Raises:
         ConfigError: a scenario file is invalid.
+        ValueError: ``jobs`` > 1 with ``coverage``.
+        RunInterrupted: SIGINT / SIGTERM; ``.results`` is ``[the partial matrix]``.
     """
     from chaos.diagnose.hook import diagnose_after_checks
     from chaos.runner.leaks import restart_dirty
@@ -382,6 +457,12 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     overrides = {"numerics": numerics, "equivalence": equivalence}
     columns = [s.name for s in load_and_validate(scenario_paths, **overrides)]
     matrix = ZooMatrix(rows=list(plan), columns=columns)
+    if jobs > 1:
+        if coverage is not None:
+            raise ValueError("--jobs > 1 cannot measure coverage (one engine process records it)")
+        return _run_zoo_parallel(scenario_paths, plan, matrix, report_dir=report_dir, backend=backend,
+                                 timeout_s=timeout_s, shrink_budget_s=shrink_budget_s, say=say,
+                                 overrides=overrides, jobs=jobs)
 
     from chaos import interrupts
     from chaos.runner.suite import interrupted_result
@@ -418,17 +499,7 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
                 if coverage is not None:
                     coverage.switch("idle")  # type: ignore[attr-defined]
                 current = None
-                cell = cell_for(result.verdict, planted=bool(bugs), xfail=scenario.xfail is not None,
-                                error=result.error is not None)
-                elapsed = time.monotonic() - t0
-                failing = [c.name for c in result.checks if c.verdict != "passed"]
-                matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
-                rates = equivalence_rates(result)
-                if rates is not None:
-                    matrix.equivalence.setdefault(row, {})[scenario.name] = rates
-                say(f"[{row}] {scenario.name}: {cell} ({elapsed:.1f}s)")
-                if cell in ("caught", "failed") and (why := diagnosis_summary(run_dir)):
-                    matrix.diagnoses.setdefault(row, {})[scenario.name] = why
+                cell = _record(matrix, row, scenario, result, run_dir, time.monotonic() - t0, say)
                 if cell == "caught" and shrink_budget_s is not None:
                     matrix.shrunk.setdefault(row, {})[scenario.name] = _shrink_cell(run_dir, pool, shrink_budget_s, say)
     except KeyboardInterrupt as exc:  # Ctrl-C / SIGTERM: stop the zoo, not one cell
@@ -513,6 +584,8 @@ def zoo(
     shrink_budget: float = typer.Option(180.0, "--shrink-budget", help="search seconds per shrink (at least "
                                         "10 times the caught run's and the shrink's first run's duration, 20 with planted bugs: "
                                         "control runs)"),
+    jobs: str = typer.Option("1", "--jobs", "-j", help="cells run at once, each worker with its own stacks "
+                             "(a number or auto: chaos/campaign.py default_jobs); not with --coverage"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
@@ -539,6 +612,16 @@ def zoo(
         typer.echo(f"error: unknown --bug {unknown}; known: {', '.join(sorted(BUGS))}", err=True)
         raise typer.Exit(2)
     names = [n.strip() for s in (scenarios or []) for n in s.split(",") if n.strip()] or None
+    from chaos.campaign import parse_jobs
+
+    try:
+        workers = parse_jobs(jobs)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if workers > 1 and coverage_dir is not None:
+        typer.echo("error: --jobs > 1 cannot be combined with --coverage (one engine process records it)", err=True)
+        raise typer.Exit(2)
     if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
         typer.echo("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant", err=True)
         raise typer.Exit(2)
@@ -564,7 +647,7 @@ def zoo(
     try:
         _zoo_runs(paths, plan, catalogue, report_dir, backend, timeout, repeat, out,
                   coverage_dir=coverage_dir, shrink_budget_s=shrink_budget if shrink else None,
-                  numerics=numerics, equivalence=equivalence)
+                  numerics=numerics, equivalence=equivalence, jobs=workers)
     finally:
         interrupts.exit_on_signal()  # the zoo is over: a signal now only sets the exit code
 
@@ -572,7 +655,7 @@ def zoo(
 def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str], report_dir: Path,
               backend: str, timeout: float, repeat: int, out: Path, *, coverage_dir: Path | None = None,
               shrink_budget_s: float | None = None, numerics: str | None = None,
-              equivalence: str | None = None) -> None:
+              equivalence: str | None = None, jobs: int = 1) -> None:
     from chaos import interrupts
 
     matrices: list[ZooMatrix] = []
@@ -588,7 +671,7 @@ def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str
                     typer.echo(f"zoo run {k} of {repeat}", err=True)
                 matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
                                  shrink_budget_s=shrink_budget_s, say=lambda m: typer.echo(m, err=True),
-                                 coverage=measure, numerics=numerics, equivalence=equivalence)
+                                 coverage=measure, numerics=numerics, equivalence=equivalence, jobs=jobs)
                 matrices.append(matrix)
                 if repeat > 1:
                     matrix.write(out / f"run-{k}")

@@ -17,6 +17,8 @@ from chaos.workload.classify import REQUEST_CLASSES
 __all__ = [
     "RecomputeEquivalenceConfig",
     "LivenessConfig",
+    "PhaseDeadline",
+    "AllowedFailure",
     "LeakSourceConfig",
     "LeaksConfig",
     "Within",
@@ -56,6 +58,50 @@ class RecomputeEquivalenceConfig(_Strict):
         "more often than the noise floor (Fisher's exact test); smaller = fewer false failures")
 
 
+class PhaseDeadline(_Strict):
+    """A phase whose requests get their own liveness deadline (a recovery phase that must be
+    fast, a fault phase whose requests wait on a held link)."""
+
+    phase: str = Field(min_length=1, description="a phase of the scenario")
+    request_deadline_s: PositiveDuration = Field(
+        description="a request of this phase must end within this many seconds (number or 30s, 1m); "
+        "the client gives up on it then")
+
+
+class AllowedFailure(_Strict):
+    """Requests that may end in an error without counting against ``allow_failed_fraction``:
+    those matching every field given (at least one). E.g. the requests in flight while a
+    ``retrieve_fail`` fault was in place under ``kv_load_failure_policy: fail``, whose error is
+    the point of the scenario, while any other request's error still fails liveness."""
+
+    phase: str | None = Field(default=None, min_length=1, description="the request was sent in this phase")
+    fault: str | None = Field(default=None, min_length=1,
+                              description="the fault (its name) was in place at some moment of the request's life")
+    error_matches: str | None = Field(
+        default=None, min_length=1,
+        description="regular expression searched in the request's error text (e.g. the engine's HTTP 500 body)")
+    at_most: int | None = Field(default=None, ge=1,
+                                description="at most this many requests may fail this way; more fail liveness")
+
+    @field_validator("error_matches")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            import re
+
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> AllowedFailure:
+        if self.phase is None and self.fault is None and self.error_matches is None:
+            raise ValueError("give at least one of phase, fault, error_matches (which requests may fail)")
+        return self
+
+
 class LivenessConfig(_Strict):
     """Every request ends (output or a clear error) within a deadline; no process dies unless a
     fault killed it."""
@@ -63,9 +109,30 @@ class LivenessConfig(_Strict):
     request_deadline_s: PositiveDuration = Field(
         default=60.0, description="a request must end within this many seconds (number or 30s, 1m)"
     )
+    phase_deadlines: list[PhaseDeadline] = Field(
+        default_factory=list, description="phases whose requests have their own deadline instead of "
+        "request_deadline_s")
     allow_failed_fraction: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="fraction 0..1 of requests that may end in an error"
+        default=0.0, ge=0.0, le=1.0, description="fraction 0..1 of the requests not named by "
+        "allowed_failures that may end in an error"
     )
+    allowed_failures: list[AllowedFailure] = Field(
+        default_factory=list, description="which requests may end in an error (by phase, fault in "
+        "place, error text); they do not count against allow_failed_fraction")
+
+    @model_validator(mode="after")
+    def _one_deadline_per_phase(self) -> LivenessConfig:
+        seen = [d.phase for d in self.phase_deadlines]
+        twice = sorted({p for p in seen if seen.count(p) > 1})
+        if twice:
+            raise ValueError(f"phase_deadlines names phase(s) {', '.join(twice)} more than once")
+        return self
+
+    def deadline_for(self, phase: str | None) -> float:
+        """The deadline (s) of a request sent in ``phase``: its ``phase_deadlines`` entry, else
+        ``request_deadline_s``."""
+        return next((d.request_deadline_s for d in self.phase_deadlines if d.phase == phase),
+                    self.request_deadline_s)
 
 
 class LeakSourceConfig(_Strict):

@@ -4,10 +4,13 @@ that no fault killed.
 Catches livelocks (F4: a failed load retried forever), wedged requests, and crashes (F5, F7,
 F10: a worker or the cache server died). Three rules:
 
-1. every client invoke has a completion (ok/fail/info) within `request_deadline_s`;
+1. every client invoke has a completion (ok/fail/info) within its deadline: its phase's entry
+   of `phase_deadlines`, else `request_deadline_s`;
 2. the fraction of requests that ended badly (`fail`, or `info` that was not an abort made on
    purpose) is at most `allow_failed_fraction`; aborts the workload made on purpose (info with
-   `aborted: true`) do not count;
+   `aborted: true`) do not count, nor do the errors `allowed_failures` names (by phase, by a
+   fault in place during the request's life, by error text; each rule's `at_most` bounds how
+   many it excuses, and a rule matched by more fails the check);
 3. every service exit in `snapshots.service_exits` was caused by a fault (`killed_by_fault`).
 
 A late request (one that completed after the deadline, or that the client gave up on at the
@@ -26,10 +29,11 @@ deadline was host load (the summary gives the figures); else passed.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import re
+from typing import Any, Callable, Sequence
 
 from chaos.checks import host_load
-from chaos.checks.config import LivenessConfig
+from chaos.checks.config import AllowedFailure, LivenessConfig
 from chaos.checks.registry import coerce_config, register
 from chaos.checks.requests import RequestRecord, requests
 from chaos.checks.result import CheckResult
@@ -42,11 +46,55 @@ NAME = "liveness"
 DEADLINE_ERROR = "deadline exceeded"
 
 
-def late(reqs: list[RequestRecord], deadline_s: float) -> list[RequestRecord]:
-    """Requests that completed after ``deadline_s`` or that the client gave up on at it."""
+def late(reqs: list[RequestRecord], deadline_s: float | Callable[[str | None], float]) -> list[RequestRecord]:
+    """Requests that completed after their deadline or that the client gave up on at it.
+
+    Args:
+        reqs: the run's requests.
+        deadline_s: the deadline (s), or a function of the request's phase giving it
+            (``LivenessConfig.deadline_for``).
+    """
+    bound = deadline_s if callable(deadline_s) else (lambda _phase: deadline_s)
     return [r for r in reqs if r.latency_s is not None
-            and (r.latency_s > deadline_s or (r.latency_s >= deadline_s and r.outcome == "info"
-                                              and not r.aborted and r.error == DEADLINE_ERROR))]
+            and (r.latency_s > bound(r.phase) or (r.latency_s >= bound(r.phase) and r.outcome == "info"
+                                                  and not r.aborted and r.error == DEADLINE_ERROR))]
+
+
+def allowed(rec: RequestRecord, rule: AllowedFailure, windows: Sequence[host_load.FaultWindow]) -> bool:
+    """Whether ``rec`` matches every field ``rule`` gives (phase, fault in place during its
+    life, error text)."""
+    if rule.phase is not None and rec.phase != rule.phase:
+        return False
+    if rule.fault is not None and rule.fault not in host_load.faults_during(rec, windows):
+        return False
+    return rule.error_matches is None or re.search(rule.error_matches, rec.error or "") is not None
+
+
+def excused_failures(bad: list[RequestRecord], rules: list[AllowedFailure],
+                     windows: Sequence[host_load.FaultWindow]) -> tuple[dict[str, int], list[str]]:
+    """The failed requests that ``allowed_failures`` names, and the rules they overran.
+
+    Each failed request goes to the first rule it matches; a rule with ``at_most`` excuses that
+    many (in invoke order) and no more.
+
+    Returns:
+        ``(excused, overrun)``: request id -> index of the rule that excused it; one line per rule
+        that more requests matched than its ``at_most``.
+    """
+    excused: dict[str, int] = {}
+    counts = [0] * len(rules)
+    overrun: list[str] = []
+    for r in sorted(bad, key=lambda x: x.invoke_time):
+        i = next((i for i, rule in enumerate(rules) if allowed(r, rule, windows)), None)
+        if i is None:
+            continue
+        counts[i] += 1
+        if rules[i].at_most is None or counts[i] <= rules[i].at_most:
+            excused[r.request_id] = i
+    for i, rule in enumerate(rules):
+        if rule.at_most is not None and counts[i] > rule.at_most:
+            overrun.append(f"allowed_failures[{i}] matched {counts[i]} failed requests, at most {rule.at_most} allowed")
+    return excused, overrun
 
 
 def slow_requests(history: Sequence[Op | dict[str, Any]],
@@ -54,7 +102,7 @@ def slow_requests(history: Sequence[Op | dict[str, Any]],
     """The late requests whose judgement reads the twin baseline (completed, no fault in place
     during their life): the runner times the twin on their prompts (chaos/runner/baseline.py)."""
     cfg = coerce_config(config, LivenessConfig)
-    return host_load.wanted(late(requests(history), cfg.request_deadline_s), host_load.fault_windows(history))
+    return host_load.wanted(late(requests(history), cfg.deadline_for), host_load.fault_windows(history))
 
 
 @register(NAME, LivenessConfig)
@@ -77,8 +125,8 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
     reqs = requests(history)
     never = [r.request_id for r in reqs if r.outcome is None]
     windows = host_load.fault_windows(history)
-    judged = [host_load.judge(r, "latency", cfg.request_deadline_s, reqs, windows, snapshots.twin_baseline)
-              for r in late(reqs, cfg.request_deadline_s)]
+    judged = [host_load.judge(r, "latency", cfg.deadline_for(r.phase), reqs, windows, snapshots.twin_baseline)
+              for r in late(reqs, cfg.deadline_for)]
     excused = {j.request_id for j in judged if j.verdict == "host_load"}
     # Host load excuses the lateness, never an error: only a request the client gave up on at
     # the deadline leaves the error count with it.
@@ -89,9 +137,11 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
                   "verdict": j.verdict, "reason": j.reason}
                  for j in judged if j.verdict != "host_load"]
     aborted = [r for r in reqs if r.outcome == "info" and r.aborted]
-    bad = [r for r in reqs if (r.outcome == "fail" or (r.outcome == "info" and not r.aborted))
-           and r.request_id not in gave_up]
-    counted = len(reqs) - len(aborted) - len(gave_up)
+    errors = [r for r in reqs if (r.outcome == "fail" or (r.outcome == "info" and not r.aborted))
+              and r.request_id not in gave_up]
+    excused_by, overrun = excused_failures(errors, cfg.allowed_failures, windows)
+    bad = [r for r in errors if r.request_id not in excused_by]
+    counted = len(reqs) - len(aborted) - len(gave_up) - len(excused_by)
     frac = len(bad) / counted if counted else 0.0
     exits = [e.model_dump() for e in snapshots.service_exits if not e.killed_by_fault]
     twin = snapshots.twin_baseline
@@ -104,7 +154,10 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
                    "concurrency": twin.concurrency, "timed": len(twin.timings), "load_average": twin.load_average,
                    "took_s": twin.took_s, "error": twin.error},
                "failed_fraction": frac, "allow_failed_fraction": cfg.allow_failed_fraction,
-               "request_deadline_s": cfg.request_deadline_s, "unexpected_exits": exits}
+               "allowed_failures": {rid: f"allowed_failures[{i}]" for rid, i in excused_by.items()},
+               "request_deadline_s": cfg.request_deadline_s,
+               "phase_deadlines": {d.phase: d.request_deadline_s for d in cfg.phase_deadlines},
+               "unexpected_exits": exits}
     problems: list[str] = []
     if exits:
         e = exits[0]
@@ -115,8 +168,11 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
         problems.append(f"{len(never)} request(s) never completed (first: {never[0]})")
     if late_rows:
         first = late_rows[0]
-        problems.append(f"{len(late_rows)} request(s) took longer than {cfg.request_deadline_s:g}s "
-                        f"(first: {first['request_id']}, {first['latency_s']:.1f}s: {first['reason']})")
+        first_phase = next(r.phase for r in reqs if r.request_id == first["request_id"])
+        problems.append(f"{len(late_rows)} request(s) took longer than their deadline "
+                        f"(first: {first['request_id']}, {first['latency_s']:.1f}s > "
+                        f"{cfg.deadline_for(first_phase):g}s: {first['reason']})")
+    problems.extend(overrun)
     if frac > cfg.allow_failed_fraction:
         first_bad = bad[0]
         why = f": {first_bad.error}" if first_bad.error else ""
@@ -130,10 +186,13 @@ def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
         first_j = next(j for j in judged if j.verdict == "host_load")
         return CheckResult(name=NAME, verdict="unknown",
                            summary=(f"inconclusive (host load): {len(excused)} request(s) missed the "
-                                    f"{cfg.request_deadline_s:g}s deadline while the run's own baseline was as slow "
+                                    f"{first_j.bound_s:g}s deadline while the run's own baseline was as slow "
                                     f"(first {first_j.request_id}: {first_j.reason}); no other problem"),
                            details=details)
+    within = f"{cfg.request_deadline_s:g}s" + (" (or their phase's deadline)" if cfg.phase_deadlines else "")
+    allowed_note = f", {len(excused_by)} allowed by allowed_failures" if excused_by else ""
     return CheckResult(name=NAME, verdict="passed",
-                       summary=(f"all {len(reqs)} requests ended within {cfg.request_deadline_s:g}s "
-                                f"({len(bad)} errors, {len(aborted)} aborted on purpose); no unexplained exits"),
+                       summary=(f"all {len(reqs)} requests ended within {within} "
+                                f"({len(bad)} errors{allowed_note}, {len(aborted)} aborted on purpose); "
+                                "no unexplained exits"),
                        details=details)

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from chaos.duration import Duration, PositiveDuration
-from chaos.probes import NO_TRIGGER, Condition, check_no_trigger_reason, conditions_of, normalize_trigger
+from chaos.probes import Condition, Triggered
 
 if TYPE_CHECKING:  # only for type hints; each is written by another layer
     from chaos.history import HistoryWriter
@@ -53,7 +53,7 @@ __all__ = ["FaultParams", "Fault", "FaultContext", "FAULT_ID_PATTERN", "DefaultT
 FAULT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 
 
-class FaultParams(BaseModel):
+class FaultParams(Triggered):
     """Fields every fault has. Subclasses add ``kind: Literal["<kind>"]`` and their settings.
 
     ``start`` is seconds after its phase starts (``after: requests``: after the phase's requests
@@ -106,26 +106,6 @@ class FaultParams(BaseModel):
         description="with `trigger: none`: why nothing can prove that this fault reached the system "
         "under test (required there, not allowed otherwise)",
     )
-
-    @field_validator("trigger", mode="before")
-    @classmethod
-    def _one_or_list(cls, v: Any) -> Any:
-        return normalize_trigger(v)
-
-    @model_validator(mode="after")
-    def _none_needs_reason(self) -> FaultParams:
-        check_no_trigger_reason(self.trigger, self.reason)
-        return self
-
-    @property
-    def conditions(self) -> list[Condition]:
-        """The declared trigger's conditions (``[]``: none declared, or ``trigger: none``)."""
-        return conditions_of(self.trigger)
-
-    @property
-    def window_unproven(self) -> bool:
-        """``trigger: none``: the author says nothing proves this fault's window."""
-        return self.trigger == NO_TRIGGER
 
     @model_validator(mode="after")
     def _duration_or_until(self) -> FaultParams:

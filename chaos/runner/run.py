@@ -470,7 +470,8 @@ def _run_scenario(scenario: Scenario, stack: Stack, run_dir: Path, *, run_id: st
                     interrupts.set_stage(f"phase {phase.name}")
                     phases_run.append(phase.name)
                     ctx.phase = phase.name
-                    await _run_phase(scenario, phase, nemesis, client, deadline)
+                    await _run_phase(scenario, phase, nemesis, client,
+                                     liveness.deadline_for(phase.name) if liveness is not None else deadline)
             finally:
                 if client is not None:
                     await client.aclose()

@@ -93,8 +93,8 @@ def _reference_problems(file: str, data: dict, locator: Locator) -> list[ConfigE
     out: list[ConfigError] = []
     phases = data.get("phases")
     phase_at: dict[str, int] = {}
+    fault_at: dict[str, tuple[int, int]] = {}
     if isinstance(phases, list):
-        fault_at: dict[str, tuple[int, int]] = {}
         index = 0
         for i, phase in enumerate(phases):
             if not isinstance(phase, dict):
@@ -138,6 +138,14 @@ def _reference_problems(file: str, data: dict, locator: Locator) -> list[ConfigE
                 if ref not in phase_at:
                     out.append(_problem(file, locator, path,
                                         f"unknown phase {ref!r}; the scenario's phases: {known}"))
+        liveness = checks.get("liveness")
+        rules = liveness.get("allowed_failures") if isinstance(liveness, dict) else None
+        for i, rule in enumerate(rules if isinstance(rules, list) else []):
+            ref = rule.get("fault") if isinstance(rule, dict) else None
+            if isinstance(ref, str) and ref not in fault_at:
+                out.append(_problem(file, locator, ("checks", "liveness", "allowed_failures", i, "fault"),
+                                    f"unknown fault {ref!r}; the scenario's faults: "
+                                    f"{', '.join(fault_at) or 'none'}"))
     return out
 
 

@@ -26,7 +26,7 @@ from chaos.checks.config import ChecksConfig, Within
 from chaos.duration import PositiveDuration
 from chaos.faults import registry
 from chaos.faults.base import FaultParams
-from chaos.probes import NO_TRIGGER, Condition, check_no_trigger_reason, conditions_of, normalize_trigger
+from chaos.probes import Condition, Triggered
 from chaos.workload.spec import WorkloadSpec
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class Xfail(_Strict):
     upstream: str | None = Field(default=None, description="the upstream report, e.g. 'LMCache issue 2206'")
 
 
-class Phase(_Strict):
+class Phase(_Strict, Triggered):
     """A step of the run. The phase lasts until its requests are done, at least until its
     longest fault (``start`` + ``duration``) ends, and at least ``duration`` if given; then
     faults with ``until: end`` are healed and the next phase starts."""
@@ -141,26 +141,6 @@ class Phase(_Strict):
         "after the start of `phase` (this phase or an earlier one; default this phase); later, the run is "
         "inconclusive (e.g. a lookup that should renew a lock came after its TTL could expire)",
     )
-
-    @field_validator("trigger", mode="before")
-    @classmethod
-    def _one_or_list(cls, v: Any) -> Any:
-        return normalize_trigger(v)
-
-    @model_validator(mode="after")
-    def _none_needs_reason(self) -> Phase:
-        check_no_trigger_reason(self.trigger, self.reason)
-        return self
-
-    @property
-    def conditions(self) -> list[Condition]:
-        """The phase trigger's conditions (``[]``: none declared, or ``trigger: none``)."""
-        return conditions_of(self.trigger)
-
-    @property
-    def window_unproven(self) -> bool:
-        """``trigger: none``: the author says nothing proves this phase's window."""
-        return self.trigger == NO_TRIGGER
 
 
 class Scenario(_Strict):

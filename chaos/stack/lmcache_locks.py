@@ -27,7 +27,11 @@ So this module keeps the ledger LMCache lacks: per key, the read locks taken min
 - ``kvchaos_read_locks_held``: locks not freed on objects LMCache still holds locked;
 - ``kvchaos_read_locks_expired``: locks no holder ever freed on objects LMCache no longer holds
   locked (the TTL expired, or the object was deleted under its lock): a lock that expired
-  instead of being freed stays counted, on any TTL.
+  instead of being freed stays counted, on any TTL;
+- ``kvchaos_read_locks_reclaimed``: ``freed_late + expired``, the locks LMCache let go before
+  their holder freed them: the chunks a pending lookup (or a slow retrieve) had locked were
+  reclaimed under it. It only grows while a lock expires (a late free moves a lock from
+  expired to freed_late), so a trigger ``grew_by: 1`` on it proves that window.
 
 It only observes: the wrapped methods are called unchanged and their results returned as they
 are. Run it in place of LMCache's console script (compose/reference.yml's lmcache service)::
@@ -44,7 +48,7 @@ from typing import Any, Callable, Iterable
 
 #: The fields added to L1Manager.report_status.
 FIELDS = ("kvchaos_read_locks_taken", "kvchaos_read_locks_freed", "kvchaos_read_locks_freed_late",
-          "kvchaos_read_locks_held", "kvchaos_read_locks_expired")
+          "kvchaos_read_locks_held", "kvchaos_read_locks_expired", "kvchaos_read_locks_reclaimed")
 
 
 class ReadLockLedger:
@@ -97,7 +101,7 @@ class ReadLockLedger:
         expired = sum(n for k, n in open_) - held
         return {"kvchaos_read_locks_taken": taken, "kvchaos_read_locks_freed": freed,
                 "kvchaos_read_locks_freed_late": late, "kvchaos_read_locks_held": held,
-                "kvchaos_read_locks_expired": expired}
+                "kvchaos_read_locks_expired": expired, "kvchaos_read_locks_reclaimed": late + expired}
 
 
 def install(manager_cls: type, success: Any, ledger: ReadLockLedger | None = None) -> ReadLockLedger:

@@ -113,6 +113,8 @@ def test_zoo_map_covers_every_planted_bug_with_catalogue_scenarios() -> None:
     (["--bug", "no-such-bug"], "unknown --bug"),
     (["--scenarios", "no-such-scenario"], "unknown scenario"),
     (["--exclude", "no-such-scenario"], "--exclude names unknown"),
+    (["--jobs", "0"], "--jobs must be a whole number >= 1 or auto"),
+    (["--jobs", "2", "--coverage", "/tmp/kvchaos-cov-never"], "cannot be combined with --coverage"),
 ])
 def test_zoo_command_rejects_bad_arguments_before_any_stack(args: list[str], msg: str) -> None:
     import typer
@@ -348,3 +350,22 @@ def test_a_slow_cell_gets_a_shrink_budget_of_ten_of_its_runs(tmp_path):
     # planted bugs: every accepted candidate also runs on the clean engine (the control)
     (tmp_path / "result.json").write_text(json.dumps({"durations": {"total_s": 56.6}, "engine_bugs": ["no-reconnect"]}))
     assert shrink_budget_for(tmp_path, 180.0) == (pytest.approx(1132.0), 20)
+
+
+@pytest.mark.slow
+def test_zoo_cells_over_two_workers_give_the_serial_verdicts(tmp_path: Path) -> None:
+    """`kvchaos zoo --jobs 2` runs its cells as a campaign (chaos/campaign.py), each worker with
+    its own reference stack: the clean engine passes smoke and the planted hit-plus-one-chunk is
+    caught by it, as in the serial zoo, each cell with its own report and diagnosis."""
+    from chaos.zoo import run_zoo
+
+    plan = {CLEAN: ["smoke"], "hit-plus-one-chunk": ["smoke"]}
+    lines: list[str] = []
+    m = run_zoo([REPO / "scenarios" / "smoke.yaml"], plan, report_dir=tmp_path, timeout_s=300,
+                say=lines.append, jobs=2)
+    assert m.cell(CLEAN, "smoke") == "passed", lines[-20:]
+    assert m.cell("hit-plus-one-chunk", "smoke") == "caught", lines[-20:]
+    assert m.exit_code() == 0
+    assert "2 cells over 2 workers" in lines
+    dirs = {m.runs[row]["smoke"] for row in plan}
+    assert len(dirs) == 2 and all((Path(d) / "result.json").exists() for d in dirs)

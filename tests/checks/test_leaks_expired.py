@@ -87,14 +87,16 @@ def test_ledger_counts_a_lock_never_freed_as_expired_once_the_ttl_passed():
     st = store.report_status()
     assert st["read_locked_count"] == 1 and st["kvchaos_read_locks_held"] == 1
     assert st["kvchaos_read_locks_expired"] == 0 and st["kvchaos_read_locks_taken"] == 4
+    assert st["kvchaos_read_locks_reclaimed"] == 0
     time.sleep(1.3)  # b's TTL passes: LMCache forgets the lock, the ledger does not
     st = store.report_status()
     assert st["read_locked_count"] == 0
     assert st["kvchaos_read_locks_expired"] == 1 and st["kvchaos_read_locks_held"] == 0
-    assert st["kvchaos_read_locks_freed_late"] == 0
+    assert st["kvchaos_read_locks_freed_late"] == 0 and st["kvchaos_read_locks_reclaimed"] == 1
     store.finish_read(["b"])  # its holder frees it after all: LMCache refuses (expired), yet freed
     st = store.report_status()
     assert st["kvchaos_read_locks_expired"] == 0 and st["kvchaos_read_locks_freed_late"] == 1
+    assert st["kvchaos_read_locks_reclaimed"] == 1  # reclaimed under its holder all the same: it stays
 
 
 def test_a_free_of_a_key_no_one_locked_does_not_hide_a_later_leak():

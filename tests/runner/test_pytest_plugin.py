@@ -110,3 +110,32 @@ def test_a_heal_that_fails_could_not_run_and_is_never_an_expected_failure(tmp_pa
     r = pytest_in(tmp_path, "-m", "chaos", "-rA")
     assert "1 failed" in r.stdout, r.stdout + r.stderr
     assert "could not run: heal of fault bad-heal (hook) failed: RuntimeError: hook heal:" in r.stdout, r.stdout
+
+
+def test_nightly_shards_partition_the_catalogue(tmp_path):
+    """`make nightly-shard SHARD=k SHARDS=n` (the nightly workflow's matrix): pytest-split's
+    groups of the scenario items are disjoint and together the whole catalogue, and the
+    recorded times (.test_durations) balance them: a scenario recorded as longer than all the
+    others together is a group of its own."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def group(k: int, durations: Path) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "chaos",
+                              "--splits", "3", "--group", str(k), "--durations-path", str(durations),
+                              "--splitting-algorithm", "least_duration",
+                              "--collect-only", "scenarios"], cwd=repo, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return [ln for ln in out.stdout.splitlines() if ln.startswith("scenarios/") and "::" in ln]
+
+    every = sorted(str(p.relative_to(repo)) for p in (repo / "scenarios").rglob("*.yaml"))
+    durations = tmp_path / "durations.json"
+    long = "scenarios/smoke.yaml::smoke"
+    durations.write_text(json.dumps({**{f"{f}::{Path(f).stem}": 1.0 for f in every}, long: 10_000.0}))
+    groups = [group(k, durations) for k in (1, 2, 3)]
+    ids = [i for g in groups for i in g]
+    assert len(ids) == len(set(ids)) and sorted(i.split("::")[0] for i in ids) == every, groups
+    assert [long] in groups, groups  # alone: it weighs more than the rest together

@@ -56,3 +56,10 @@ def test_bounds_messages_show_what_was_typed():
 @given(st.floats(min_value=0.001, max_value=1e6, allow_nan=False))
 def test_format_round_trips(seconds):
     assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("seconds", [3.5198556376404326, 23.51146802656017, 0.0012345678901])
+def test_format_keeps_the_microseconds(seconds):
+    """The inputs that showed it (hypothesis, on main): ``:g`` kept six significant digits."""
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds, rel=1e-9, abs=1e-9)
+    assert format_duration(90) == "1m30s" and format_duration(0.5) == "500ms" and format_duration(8) == "8s"

@@ -313,3 +313,26 @@ def test_no_command_prints_a_value_of_an_invalid_stack_file(tmp_path, case):
         assert MARK not in r.output, (args, r.output)
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != stack]
     assert not [p for p in written if MARK in p.read_text(errors="replace")]
+
+
+def test_liveness_names_phases_and_faults_that_exist_at_their_own_line(write):
+    """allowed_failures and phase_deadlines (issue 34's authoring gaps) name a phase or a fault:
+    a name the scenario lacks is an error at its line, listing what there is."""
+    good = GOOD.replace("  liveness: {request_deadline_s: 30}\n",
+                        "  liveness:\n    request_deadline_s: 30\n"
+                        "    phase_deadlines: [{phase: stall, request_deadline_s: 1m}]\n"
+                        "    allowed_failures: [{fault: latency-0, phase: stall, at_most: 2}]\n")
+    load_scenario(write(good))
+    path = write(good.replace("{fault: latency-0,", "{fault: lag,"))
+    e = pytest.raises(ConfigError, load_scenario, path).value
+    line = next(i for i, ln in enumerate(path.read_text().splitlines()) if "fault: lag" in ln) + 1
+    assert (e.line, e.field) == (line, "checks.liveness.allowed_failures[0].fault"), (e.line, e.field)
+    assert "unknown fault 'lag'; the scenario's faults: latency-0" in e.message
+    path = write(good.replace("{phase: stall, request_deadline_s: 1m}", "{phase: stal, request_deadline_s: 1m}"))
+    e = pytest.raises(ConfigError, load_scenario, path).value
+    assert e.field == "checks.liveness.phase_deadlines[0].phase" and "unknown phase 'stal'" in e.message
+    for bad, words in (("{error_matches: '(('}", "not a regular expression"),
+                       ("{at_most: 2}", "give at least one of phase, fault, error_matches")):
+        path = write(good.replace("{fault: latency-0, phase: stall, at_most: 2}", bad))
+        e = pytest.raises(ConfigError, load_scenario, path).value
+        assert words in e.message, e.message

@@ -61,3 +61,14 @@ def test_every_engine_metric_is_listed():
     listed = DOC.split("## The reference engine")[1].split("## LMCache")[0]
     missing = [m for m in ENGINE_METRICS if f"`{m}`" not in listed]
     assert not missing, missing
+
+
+@pytest.mark.parametrize("stack_file", ["compose/reference.yml", "compose/vllm-cpu.yml"])
+def test_every_lmcache_server_variable_of_a_shipped_stack_is_listed(stack_file):
+    """Issue 34: LMCache's server variables (LMCACHE_L1_READ_TTL_SECONDS, ...) were found only
+    in a findings scenario. Every LMCACHE_* variable a shipped stack reads, except its ports, is
+    in docs/reach.md's table."""
+    names = set(re.findall(r"\$\{(LMCACHE_[A-Z0-9_]+)", (REPO / stack_file).read_text()))
+    table = DOC.split("### LMCache server variables")[1].split("###")[0]
+    missing = sorted(n for n in names if not n.endswith("_PORT") and f"`{n}`" not in table)
+    assert names and not missing, missing

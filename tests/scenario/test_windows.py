@@ -4,6 +4,8 @@ stack lacks; `trigger: none` needs a `reason`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -14,6 +16,7 @@ from chaos.scenario.windows import window_warnings
 from .samples import GOOD
 
 runner = CliRunner()
+REFERENCE = Path(__file__).resolve().parents[2] / "compose" / "reference.yml"
 NAME = "lookup-stall.yaml"
 
 
@@ -113,3 +116,67 @@ def test_a_default_that_needs_what_the_stack_lacks_is_warned_about(write_as):
     both = load_scenario(write_as(text.replace("target: fs", "target: both")))
     assert window_warnings(both, {"l2.fs", "l2.redis"}) == []
     assert "needs lmcache.http|l2.redis" in window_warnings(both, {"l2.fs"})[0][1]
+
+
+def _aimed_at_load_failure(fault_yaml: str) -> str:
+    """PROVEN with its fault replaced by ``fault_yaml`` and a trigger on the engine's
+    load-failure counter (the aim of a scenario for the engine's load-failure path), on the
+    reference stack (which has the L2 tiers and the engine's counters)."""
+    return PROVEN.replace("stack: stack.yml", f"stack: {REFERENCE}").replace("""      - kind: latency
+        link: engine-lmcache
+        latency_ms: 3000
+        start: 500ms
+        duration: 1m30s
+""", fault_yaml + "        until: end\n        trigger: {metric: kvchaos_engine_load_failed_tokens_total, service: engine, grew_by: 256}\n")
+
+
+def test_an_l2_fault_aimed_at_the_engine_load_failure_path_is_warned_about(write_as):
+    """The input that showed it (issue 34): a scenario written for the engine's load-failure
+    path with an L2 fault; in MP mode LMCache's prefetch trims the hit instead, so the planted
+    `trust-failed-load` escaped it. validate says so at the fault's line, and names the faults
+    that do reach the path; a retrieve_fail there gets no such warning."""
+    path = write_as(_aimed_at_load_failure("      - kind: l2_corrupt\n        mode: delete\n        target: fs\n"))
+    code, out = _validate(path)
+    assert code == 0, out
+    assert f"{path}:13: phases[1].faults[0]: fault 'l2_corrupt-0' (l2_corrupt) acts on L2 only" in out, out
+    assert "the lookup's prefetch absorbs an L2 failure" in out and "retrieve_fail" in out
+    path = write_as(_aimed_at_load_failure("      - kind: retrieve_fail\n        count: 2\n"))
+    code, out = _validate(path)
+    assert code == 0 and "acts on L2 only" not in out, out
+    flush = "      - kind: tier_flush\n        tiers: [redis, fs]\n"
+    assert any("acts on L2 only" in m for _p, m in window_warnings(load_scenario(write_as(
+        _aimed_at_load_failure(flush)), check_paths=False)))
+    # the same L2 fault without the aim: no warning (an L2 fault for the prefetch path is fine)
+    plain = PROVEN.replace("stack: stack.yml", f"stack: {REFERENCE}").replace("""      - kind: latency
+        link: engine-lmcache
+        latency_ms: 3000
+""", "      - kind: l2_corrupt\n        mode: delete\n        target: fs\n")
+    assert not any("acts on L2 only" in m for _p, m in window_warnings(load_scenario(write_as(plain),
+                                                                                      check_paths=False)))
+
+
+def test_an_l1_flush_after_l2_fault_inject_is_warned_about(write_as):
+    """Issue 34: l2_fault_inject's restarts of LMCache empty L1, which made a following
+    tier_flush of L1 inconclusive with no word why; validate now says so at the flush's line."""
+    text = PROVEN.replace("stack: stack.yml", f"stack: {REFERENCE}").replace("""      - kind: latency
+        link: engine-lmcache
+        latency_ms: 3000
+        start: 500ms
+        duration: 1m30s
+""", """      - kind: l2_fault_inject
+        adapters: [fs]
+        gap_indices: [0]
+        duration: 5s
+      - kind: tier_flush
+        tiers: [l1]
+        start: 6s
+        duration: 1s
+""")
+    path = write_as(text)
+    code, out = _validate(path)
+    assert code == 0, out
+    line = text.splitlines().index("      - kind: tier_flush") + 1
+    assert f"{path}:{line}: phases[1].faults[1]: fault 'tier_flush-1' (tier_flush of l1) comes after " \
+           "l2_fault_inject 'l2_fault_inject-0'" in out, out
+    code, out = _validate(write_as(text.replace("tiers: [l1]", "tiers: [redis]")))
+    assert code == 0 and "comes after l2_fault_inject" not in out, out
