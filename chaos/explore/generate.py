@@ -423,6 +423,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             phase["requests"] = 0  # the fault acts on a quiet stack; the next phase meets what it left
             phase["duration"] = "2s"
         phases.append(phase)
+    _no_l1_flush_after_restart(phases)
     phases.append({"name": "recover", "requests": rng.choice([2, 4, 6])})
     if small_pool:
         phases[-1]["faults"] = [{"kind": "preempt", "name": f"kv-pool-pressure-{number}", "via": "pool",
@@ -451,6 +452,28 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         data["variables"] = variables
     data.update({"workload": workload, "phases": phases, "checks": checks})
     return data
+
+
+def _no_l1_flush_after_restart(phases: list[dict[str, Any]]) -> None:
+    """l2_fault_inject restarts LMCache (at apply and at heal), emptying its L1: a later L1 flush
+    would flush nothing and its run be inconclusive (the loader warns). Drop ``l1`` from later
+    flushes, and a flush left with no tier."""
+    restarted = False
+    for ph in phases:
+        if restarted:
+            kept = []
+            for f in ph.get("faults", []):
+                if f["kind"] == "tier_flush" and "l1" in f["tiers"]:
+                    f["tiers"] = [t for t in f["tiers"] if t != "l1"]
+                    if not f["tiers"]:
+                        continue
+                kept.append(f)
+            if "faults" in ph:
+                ph["faults"] = kept
+                if not kept:
+                    del ph["faults"]
+                    ph.pop("requests_start", None)
+        restarted = restarted or any(f["kind"] == "l2_fault_inject" for f in ph.get("faults", []))
 
 
 def _seconds(text: str) -> float:
