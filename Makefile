@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints clean
+.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
 
 setup:
 	bash scripts/setup.sh
@@ -195,6 +195,15 @@ zoo-tolerant: setup
 	$(KVCHAOS) run scenarios/ --numerics batch-dependent --report-dir reports/zoo-tolerant/exact-mode; \
 	  rc=$$?; if [ $$rc -ne 1 ]; then echo "exact mode on batch-dependent numerics exited $$rc, expected 1 (a check failed)"; exit 1; fi; \
 	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
+## A bounded `kvchaos explore` (docs/explore.md): generated scenarios against the reference stack
+## with a planted engine bug, so that it shows a finding (shrunk, signed, in
+## reports/explore-smoke/<explore-id>/). A few minutes; not in `make test` (yet).
+EXPLORE_SMOKE_ARGS ?= --max-runs 3 --budget 5m --shrink-budget 60s --bug hit-plus-one-chunk --seed 55
+explore-smoke: setup
+	rm -rf reports/explore-smoke
+	$(KVCHAOS) explore --stack compose/reference.yml --out reports/explore-smoke $(EXPLORE_SMOKE_ARGS); \
+	  rc=$$?; if [ $$rc -ne 1 ]; then echo "explore-smoke: exit $$rc, expected 1 (a new finding: the planted bug)"; exit 1; fi
+
 ## Hostile input at acceptance size: 3,000 mutated scenarios + 500 mutated stack files + 500
 ## stack files of marker values (never printed) through `kvchaos validate`, each in its own
 ## process, each under 5 s and 200 MB (reports/fuzz/).

@@ -52,6 +52,9 @@ def _add_layer_commands() -> None:
     from chaos.zoo import zoo
 
     app.command("zoo")(zoo)
+    from chaos.explore.cli import explore
+
+    app.command("explore")(explore)
     from chaos.coverage import docs_command
     from chaos.zoo import coverage_run
 

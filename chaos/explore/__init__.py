@@ -1,0 +1,1 @@
+"""``kvchaos explore``: generated fault schedules, each failure diagnosed, shrunk and deduplicated."""

@@ -1,0 +1,496 @@
+"""The exploration loop: generated scenarios run one after another on one stack, each failure
+diagnosed, shrunk and deduplicated by signature.
+
+    for index 0, 1, 2 ... until --max-runs or --budget (checked before each run and each shrink):
+        chaos.explore.generate ──> scenarios/explore-<seed>-<index>.yaml ──> check_scenario
+            (invalid: a generator bug, counted in ``generator_invalid``, never run)
+        one StackPool (the stack starts once; a run that disrupted it or left something held
+        gets it restarted, as in `kvchaos zoo`) ──> run_scenario (diagnosis after the checks,
+        chaos/diagnose/hook.py) ──> runs/<run-id>/ (the run's report)
+        failed ──> pre-signature (failed checks, diagnosis class, fault kinds as generated)
+                   seen before: counted under the signature it got then, no shrink
+                   new: `kvchaos shrink` (run_shrink, same pool, ``shrink_budget_s``) ──>
+                        signature (fault kinds of the shrunk file) ──> findings/<slug>.yaml
+                        (one per signature: the first; it validates and runs alone)
+        inconclusive ──> counted by the trigger it missed
+    ──> summary.json + index.html (reports/explore/<explore-id>/)
+
+SIGINT/SIGTERM: the run under way heals its faults and writes its report (chaos/runner/run.py),
+the stacks go down, summary.json and index.html are still written, and RunInterrupted leaves
+(exit 130 / 143).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import interrupts
+from chaos.explore.generate import StackOffer, generate, write_scenario
+from chaos.explore.guidance import CounterGuide, counter_totals, grown
+from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, match_known, signature_of
+
+__all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "write_html"]
+
+
+@dataclass
+class ExploreOptions:
+    """How to explore.
+
+    Attributes:
+        seed: the generator's seed.
+        budget_s: wall seconds; no run or shrink starts after it (one under way finishes).
+        max_runs: stop after this many runs (None: the budget alone).
+        bugs: planted reference-engine bugs (chaos/engine/bugs.py) in every run.
+        out: parent folder of the exploration's folder (``reports/explore``).
+        backend: "local" or "compose".
+        timeout_s: each run's deadline for its phases.
+        shrink_budget_s: search seconds of each new finding's shrink (0: no shrink).
+        shrink_reruns: final verification runs of a shrunk file (all must fail).
+        diagnose: failing requests to diagnose per run (0: off).
+        diagnose_budget_s: seconds of diagnosis per run.
+        known: shipped findings (xfail scenarios) a signature may match.
+        stop_on_finding: stop once a run gave a new signature that is not known (to measure the
+            runs and time to a first finding); with planted bugs, one whose control run on the
+            clean engine fails none of its checks, so that the finding is the bug's.
+        guide: pick each run among the next ``guide_width`` generated scenarios by the record of
+            their fault-kind set at reaching new LMCache counter combinations
+            (chaos/explore/guidance.py); False: the generated order.
+    """
+
+    seed: int = 0
+    budget_s: float = 7200.0
+    max_runs: int | None = None
+    bugs: list[str] = field(default_factory=list)
+    out: Path = Path("reports/explore")
+    backend: str = "local"
+    timeout_s: float = 600.0
+    shrink_budget_s: float = 300.0
+    shrink_reruns: int = 2
+    diagnose: int = 3
+    diagnose_budget_s: float = 60.0
+    known: list[KnownFinding] = field(default_factory=list)
+    guide: bool = False
+    guide_width: int = 4
+    stop_on_finding: bool = False
+
+
+@dataclass
+class ExploreSummary:
+    """What an exploration saw (written as summary.json; see :meth:`as_dict`)."""
+
+    explore_id: str
+    folder: Path
+    stack: str
+    seed: int
+    bugs: list[str]
+    budget_s: float
+    max_runs: int | None
+    started_at: str
+    elapsed_s: float = 0.0
+    stopped_by: str = ""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    signatures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    generator_invalid: list[dict[str, Any]] = field(default_factory=list)
+    inconclusive_by_trigger: Counter = field(default_factory=Counter)
+    guide: CounterGuide = field(default_factory=CounterGuide)
+    guided: bool = False
+
+    def counts(self) -> dict[str, int]:
+        """Runs per outcome: passed, failed, inconclusive, error, interrupted."""
+        c = Counter(r["outcome"] for r in self.runs)
+        return {k: c.get(k, 0) for k in ("passed", "failed", "inconclusive", "error", "interrupted")}
+
+    def window_reached_fraction(self) -> float | None:
+        """Runs whose every trigger (declared or default) was reached, over the runs whose
+        ``evidence`` check gave a verdict; None before any."""
+        judged = [r for r in self.runs if r.get("window_reached") is not None]
+        if not judged:
+            return None
+        return round(sum(1 for r in judged if r["window_reached"]) / len(judged), 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        """summary.json's content."""
+        return {
+            "explore_id": self.explore_id, "stack": self.stack, "seed": self.seed, "bugs": self.bugs,
+            "budget_s": self.budget_s, "max_runs": self.max_runs, "started_at": self.started_at,
+            "elapsed_s": round(self.elapsed_s, 1), "stopped_by": self.stopped_by,
+            "run_count": len(self.runs), **self.counts(),
+            "window_reached_fraction": self.window_reached_fraction(),
+            "guided": self.guided,
+            "lmcache_counter_combinations": len(self.guide.seen),
+            "generator_invalid": self.generator_invalid,
+            "inconclusive_by_trigger": dict(self.inconclusive_by_trigger.most_common()),
+            "signatures": sorted(self.signatures.values(), key=lambda s: s["first_run_index"]),
+            "runs": self.runs,
+        }
+
+    def write(self) -> Path:
+        """Write summary.json and index.html into the folder; returns summary.json's path."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / "summary.json"
+        path.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
+        write_html(self)
+        return path
+
+
+def classify(result: Any) -> str:
+    """A run's outcome for the summary: passed, failed, inconclusive, error, interrupted."""
+    if result.interrupted is not None or result.verdict == "interrupted":
+        return "interrupted"
+    if result.error:
+        return "error"
+    if result.verdict == "failed":
+        return "failed"
+    if result.verdict == "unknown":
+        return "inconclusive"
+    return "passed"
+
+
+def missed_triggers(result: Any) -> list[str]:
+    """What an inconclusive run did not reach, one key per missed trigger, e.g.
+    ``latency: default trigger`` or ``phase hit: vllm:external_prefix_cache_hits_total``."""
+    ev = next((c for c in result.checks if c.name == "evidence"), None)
+    if ev is None:
+        return []
+    out = []
+    for row in ev.details.get("faults", []):
+        if row.get("problem"):
+            what = "did not act" if not row.get("acted") else (
+                "default trigger" if row.get("default_trigger") is not None else "trigger")
+            out.append(f"{row.get('kind')}: {what}")
+    for row in ev.details.get("phases", []):
+        if row.get("problem"):
+            t = row.get("trigger") or {}
+            conds = t.get("conditions") or [t]
+            names = sorted({str(c.get("metric") or c.get("log") or c.get("json") or "?") for c in conds
+                            if isinstance(c, dict)})
+            out.append(f"phase {row.get('phase')}: {', '.join(names) or row.get('problem', '')[:60]}")
+    return out
+
+
+def _window_reached(result: Any) -> bool | None:
+    ev = next((c for c in result.checks if c.name == "evidence"), None)
+    if ev is None or ev.verdict not in ("passed", "unknown"):
+        return None
+    return ev.verdict == "passed"
+
+
+def _diagnosis(run_dir: Path) -> str:
+    from chaos.diagnose.diagnose import load_diagnosis
+
+    diag = load_diagnosis(run_dir)
+    if diag is None or diag.error:
+        return ""
+    return diagnosis_class(diag.verdicts().values())
+
+
+def run_explore(offer: StackOffer, opts: ExploreOptions,
+                say: Callable[[str], None] = lambda _m: None) -> ExploreSummary:
+    """Explore the stack ``offer`` describes until ``opts.max_runs`` or ``opts.budget_s``.
+
+    Returns:
+        The summary (also written: ``<folder>/summary.json`` and ``index.html``).
+
+    Raises:
+        RunInterrupted: SIGINT or SIGTERM; the run under way was healed and reported, the stacks
+            are down and the summary is written (``stopped_by`` names the signal);
+            ``.results`` holds ``[summary]``.
+    """
+    from chaos.diagnose.hook import ENV_BUDGET, ENV_LIMIT, diagnose_after_checks
+    from chaos.runner.leaks import restart_dirty
+    from chaos.runner.run import run_scenario
+    from chaos.runner.stacks import StackPool
+    from chaos.runner.suite import infra_error_result, interrupted_result
+    from chaos.scenario.loader import check_scenario
+    from chaos.stack.base import StackError, new_run_id
+    from chaos.yamlsource import ConfigError
+
+    t0 = time.monotonic()
+    explore_id = new_run_id(f"explore-{opts.seed}")
+    folder = opts.out / explore_id
+    summary = ExploreSummary(explore_id=explore_id, folder=folder, stack=str(offer.path), seed=opts.seed,
+                             bugs=list(opts.bugs), budget_s=opts.budget_s, max_runs=opts.max_runs,
+                             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), guided=opts.guide)
+    queue: list[tuple[int, dict]] = []  # generated, not yet run: (stream index, scenario dict)
+    stream = 0
+    gen_dir, runs_dir, findings_dir = folder / "scenarios", folder / "runs", folder / "findings"
+    pre_seen: dict[tuple, str] = {}  # (checks, diagnosis, generated fault kinds) -> signature text
+    saved_env = {k: os.environ.get(k) for k in (ENV_LIMIT, ENV_BUDGET)}
+    os.environ[ENV_LIMIT] = str(opts.diagnose)
+    os.environ[ENV_BUDGET] = str(opts.diagnose_budget_s)
+    pool = StackPool(opts.backend, folder / "stacks")
+    stop: interrupts.RunInterrupted | None = None
+    current: dict | None = None
+
+    def left() -> float:
+        return opts.budget_s - (time.monotonic() - t0)
+
+    with interrupts.handling():
+        try:
+            index = 0
+            while True:
+                if opts.max_runs is not None and index >= opts.max_runs:
+                    summary.stopped_by = f"max-runs {opts.max_runs}"
+                    break
+                if left() <= 0:
+                    summary.stopped_by = f"budget {opts.budget_s:g}s"
+                    break
+                interrupts.set_stage(f"explore run {index}")
+                while len(queue) < (opts.guide_width if opts.guide else 1):
+                    queue.append((stream, generate(offer, opts.seed, stream)))
+                    stream += 1
+                pick = summary.guide.pick([d for _i, d in queue], _kinds) if opts.guide else 0
+                _stream_index, data = queue.pop(pick)
+                if opts.bugs:
+                    data.setdefault("engine", {})["bugs"] = list(opts.bugs)
+                path = write_scenario(data, gen_dir)
+                check = check_scenario(path, require_commands=opts.backend == "local")
+                if not check.ok:
+                    summary.generator_invalid.append({"index": index, "file": str(path), "error": str(check.error())})
+                    say(f"generator bug: {path} does not validate: {check.error()}")
+                    index += 1
+                    continue
+                scenario = check.scenario
+                run_id = new_run_id(scenario.name)
+                run_dir = runs_dir / run_id
+                current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "index": index, "file": path}
+                say(f"[{index}] {scenario.name}: {data['description']}")
+                start = time.monotonic()
+                combination = None
+                try:
+                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+                    restart_dirty(stack, say)
+                except (StackError, ConfigError) as exc:
+                    result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
+                else:
+                    metrics = (stack.spec.settings.lmcache_http or "").rstrip("/")
+                    before = counter_totals(metrics + "/metrics") if metrics else None
+                    result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
+                                          progress=lambda m, n=index: say(f"[{n}] {m}"),
+                                          after_checks=diagnose_after_checks)
+                    combination = grown(before, counter_totals(metrics + "/metrics") if metrics else None)
+                with interrupts.deferred():
+                    pool.release(Path(scenario.stack), result)
+                    (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+                current = None
+                _record(summary, index, path, run_dir, result, time.monotonic() - start, time.monotonic() - t0)
+                summary.runs[-1]["lmcache_counters_grown"] = None if combination is None else sorted(combination)
+                summary.runs[-1]["new_combination"] = summary.guide.record(_kinds(data), combination)
+                say(f"[{index}] {summary.runs[-1]['outcome']}"
+                    + (f": {', '.join(summary.runs[-1]['failed_checks'])}" if summary.runs[-1]["failed_checks"] else ""))
+                if summary.runs[-1]["outcome"] == "failed":
+                    _finding(summary, opts, index, run_dir, result, scenario, pre_seen, findings_dir, pool,
+                             t0, left, say)
+                summary.write()
+                index += 1
+                if opts.stop_on_finding and any(not g["known"] and (not opts.bugs or g["attributed_to_bug"])
+                                                for g in summary.signatures.values()):
+                    summary.stopped_by = "first new finding"
+                    break
+        except KeyboardInterrupt as exc:
+            stop = interrupts.as_interrupt(exc)
+            if current is not None:
+                result = stop.result or interrupted_result(current["scenario"], current["run_id"],
+                                                           current["run_dir"], stop)
+                _record(summary, current["index"], current["file"], current["run_dir"], result, 0.0,
+                        time.monotonic() - t0)
+            summary.stopped_by = f"interrupted ({stop.describe()})"
+        finally:
+            try:
+                with interrupts.stage("teardown"):
+                    say("stopping stacks")
+                    pool.close()
+            except KeyboardInterrupt as exc:
+                stop = stop or interrupts.as_interrupt(exc)
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            summary.elapsed_s = time.monotonic() - t0
+            with interrupts.deferred():
+                summary.write()
+    if stop is not None:
+        stop.results = [summary]
+        raise stop
+    return summary
+
+
+def _kinds(data: dict) -> list[str]:
+    """The fault kinds of a generated scenario dict."""
+    return sorted({f["kind"] for ph in data["phases"] for f in ph.get("faults", [])})
+
+
+def _record(summary: ExploreSummary, index: int, path: Path, run_dir: Path, result: Any, seconds: float,
+            elapsed: float) -> None:
+    outcome = classify(result)
+    row = {"index": index, "scenario_file": str(path), "run_dir": str(run_dir), "run_id": result.run_id,
+           "outcome": outcome, "verdict": result.verdict,
+           "failed_checks": [c.name for c in result.checks if c.verdict == "failed"],
+           "window_reached": _window_reached(result), "missed_triggers": [], "signature": None,
+           "seconds": round(seconds, 1), "elapsed_s": round(elapsed, 1), "error": (result.error or "")[:300] or None}
+    if outcome == "inconclusive":
+        row["missed_triggers"] = missed_triggers(result) or ["(no trigger row: see the run's evidence check)"]
+        summary.inconclusive_by_trigger.update(row["missed_triggers"])
+    summary.runs.append(row)
+
+
+def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Path, result: Any, scenario: Any,
+             pre_seen: dict[tuple, str], findings_dir: Path, pool: Any, t0: float, left: Callable[[], float],
+             say: Callable[[str], None]) -> None:
+    """Diagnosis class, shrink (new pre-signatures only) and signature of one failed run."""
+    from chaos.scenario.loader import load_scenario
+
+    row = summary.runs[-1]
+    diag = _diagnosis(run_dir)
+    pre = signature_of(row["failed_checks"], diag, scenario)
+    key = (pre.checks, pre.diagnosis, pre.faults)
+    if key in pre_seen:
+        sig_text = pre_seen[key]
+        entry = summary.signatures[sig_text]
+        entry["count"] += 1
+        entry["runs"].append(str(run_dir))
+        row["signature"] = sig_text
+        say(f"[{index}] seen before: {sig_text}")
+        return
+    shrink: dict[str, Any] = {"done": False}
+    stopped: KeyboardInterrupt | None = None
+    final = scenario
+    findings_dir.mkdir(parents=True, exist_ok=True)
+    pending = findings_dir / f"pending-{index}.yaml"
+    budget = min(opts.shrink_budget_s, max(0.0, left()))
+    if opts.shrink_budget_s > 0 and budget > 0:
+        from chaos.shrink.cli import run_shrink
+
+        say(f"[{index}] shrinking (budget {budget:.0f}s)")
+        s0 = time.monotonic()
+        try:
+            res, out = run_shrink(run_dir, reruns=opts.shrink_reruns, budget_s=budget, backend=opts.backend,
+                                  out=pending, pool=pool, say=lambda m: say(f"[{index}] shrink {m}"))
+            final = load_scenario(out)
+            shrink = {"done": True, "verified": res.verified, "reruns": res.reruns, "original": res.original,
+                      "final": res.final, "seconds": round(time.monotonic() - s0, 1),
+                      "budget_spent": res.budget_spent}
+        except KeyboardInterrupt as exc:  # a signal: the finding is kept unshrunk, then the exploration stops
+            stopped = exc
+            shrink = {"done": False, "error": "interrupted", "seconds": round(time.monotonic() - s0, 1)}
+        except Exception as exc:  # noqa: BLE001 - one finding's shrink must not stop the exploration
+            shrink = {"done": False, "error": f"{type(exc).__name__}: {exc}", "seconds": round(time.monotonic() - s0, 1)}
+            say(f"[{index}] shrink failed: {shrink['error']}")
+    with interrupts.deferred():
+        entry = _sign(summary, opts, index, run_dir, result, row, diag, final, shrink, pending, key, pre_seen,
+                      findings_dir, t0, say)
+    if stopped is not None:
+        raise stopped
+    if entry is not None and result.engine_bugs:
+        _control(entry, pool, opts, run_dir, say)
+
+
+def _control(entry: dict, pool: Any, opts: ExploreOptions, run_dir: Path, say: Callable[[str], None]) -> None:
+    """A new finding of a run with planted bugs, run once more on the clean engine: the failure
+    is the bug's when the clean engine fails none of its checks (``clean_engine``: the control's
+    outcome, ``attributed_to_bug``)."""
+    from chaos.runner.leaks import restart_dirty
+    from chaos.runner.run import run_scenario
+    from chaos.scenario.loader import load_scenario
+    from chaos.stack.base import StackError, new_run_id
+    from chaos.yamlsource import ConfigError
+
+    clean = load_scenario(entry["scenario"])
+    clean.engine.bugs = []
+    run_id = new_run_id(clean.name + "-clean")
+    cdir = run_dir / "control" / run_id
+    say(f"[{entry['first_run_index']}] control: the finding on the clean engine")
+    try:
+        stack = pool.acquire(Path(clean.stack), clean.stack_variables(), say=say)
+        restart_dirty(stack, say)
+    except (StackError, ConfigError) as exc:
+        entry["clean_engine"] = f"error: {exc}"
+        entry["attributed_to_bug"] = None
+        return
+    res = run_scenario(clean, stack, cdir, run_id=run_id, timeout_s=opts.timeout_s)
+    pool.release(Path(clean.stack), res)
+    outcome = classify(res)
+    entry["clean_engine"] = outcome
+    entry["clean_engine_failed_checks"] = [c.name for c in res.checks if c.verdict == "failed"]
+    entry["clean_engine_run_dir"] = str(cdir)
+    # The bug's when the clean engine fails none of the finding's checks (its own fault window may
+    # go unreached there: a wrong output after a hit does not need the fault); not when it fails
+    # one of them; unknown when the control could not run to its checks.
+    same = set(entry["clean_engine_failed_checks"]) & set(entry["checks"])
+    entry["attributed_to_bug"] = None if outcome in ("error", "interrupted") else not same
+    say(f"[{entry['first_run_index']}] control on the clean engine: {outcome}")
+
+
+def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Path, result: Any, row: dict,
+          diag: str, final: Any, shrink: dict, pending: Path, key: tuple, pre_seen: dict[tuple, str],
+          findings_dir: Path, t0: float, say: Callable[[str], None]) -> dict | None:
+    """Record the signature of a finding (new: its file under findings/; seen: one more count).
+    Returns the new signature's entry, None for one seen before."""
+    sig: Signature = signature_of(row["failed_checks"], diag, final)
+    text = sig.text()
+    pre_seen[key] = text
+    row["signature"] = text
+    if text in summary.signatures:
+        entry = summary.signatures[text]
+        entry["count"] += 1
+        entry["runs"].append(str(run_dir))
+        pending.unlink(missing_ok=True)
+        return None
+    target = findings_dir / f"{sig.slug()}.yaml"
+    if shrink.get("done") and pending.is_file():
+        pending.replace(target)
+    else:  # no shrunk file: the generated scenario, as it ran, is the reproducer
+        shutil.copyfile(row["scenario_file"], target)
+        _relink_stack(target, Path(row["scenario_file"]).parent)
+    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs))
+    summary.signatures[text] = {
+        "signature": text, "checks": list(sig.checks), "diagnosis": sig.diagnosis, "faults": list(sig.faults),
+        "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],
+        "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
+        "known": known.name if known else None, "known_file": known.file if known else None,
+        "engine_bugs": list(result.engine_bugs), "runs": [str(run_dir)],
+        "clean_engine": None, "attributed_to_bug": None,
+    }
+    say(f"[{index}] new signature: {text}" + (f" (known: {known.name})" if known else "") + f" -> {target}")
+    return summary.signatures[text]
+
+
+def _relink_stack(path: Path, was_in: Path) -> None:
+    """A copied scenario file's relative ``stack:`` made relative to its new folder."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    stack = Path(data["stack"])
+    if not stack.is_absolute():
+        stack = (was_in / stack).resolve()
+    data["stack"] = os.path.relpath(stack, path.parent.resolve())
+    path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
+
+
+def write_html(summary: ExploreSummary) -> Path:
+    """``index.html`` of the exploration: counts, signatures (count, first found, known, the
+    shrunk file) and every run with a link to its report."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("chaos.explore", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    folder = summary.folder
+
+    def rel(p: str | None) -> str:
+        if not p:
+            return ""
+        return os.path.relpath(Path(p).resolve(), folder.resolve())
+
+    html = env.get_template("explore.html.j2").render(s=summary.as_dict(), rel=rel)
+    path = folder / "index.html"
+    path.write_text(html)
+    return path

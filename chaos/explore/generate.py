@@ -1,0 +1,498 @@
+"""Scenario generator of ``kvchaos explore``: random fault schedules and workloads drawn from
+what one stack file offers, each valid by construction.
+
+    stack file ──> StackOffer (links, services, L2 tiers, chunk size, capabilities)
+    (seed, index) ──> random.Random("<seed>:<index>") ──> a scenario dict:
+        workload   families, prefixes at and around chunk boundaries (chunk-1, chunk, chunk+1,
+                   2 chunks ...), suffixes, multi-turn, tenants with and without cache_salt,
+                   concurrency, streaming, max_tokens; sometimes a KV pool small enough to
+                   force preemption (ENGINE_NUM_BLOCKS), the engine's own prefix cache
+        phases     warm (stores) ─> [hit] (no fault; LMCache hits, with a trigger)
+                   ─> 1-2 fault phases: 1-3 faults each, overlapping (several in one phase,
+                      staggered starts) or in sequence (one phase after the other), each with a
+                      start, `duration` or `until: end`, `after: requests` for some kills and
+                      pauses ─> recover (fewer requests)
+        checks     recompute_equivalence, liveness, leaks, evidence; isolation with tenants;
+                   hit_quality on the hit phase
+    ──> YAML file ──> chaos.scenario.loader.check_scenario (a file that does not validate is a
+        bug of this module: tests/explore/test_generate.py counts them over many seeds)
+
+Only fault kinds whose capability needs (``Fault.capability_needs``) the stack meets are
+drawn, on its links and services. No fault declares a ``trigger``: each gets its kind's default
+trigger (chaos/faults/base.py ``DefaultTrigger``), so a fault that never reached the stack makes
+the run inconclusive, never a pass; ``trigger: none`` is never written.
+
+Deterministic: scenario ``index`` of seed ``seed`` depends on nothing else (no clock, no
+global random state), so the same seed gives the same first N scenarios.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from chaos.faults import registry
+from chaos.scenario.needs import need_met
+from chaos.stack.spec import load_stack
+
+__all__ = ["StackOffer", "stack_offer", "generate", "write_scenario", "FAULT_WEIGHTS", "fault_kinds_for"]
+
+#: Relative weight of each fault kind when the stack offers it (lmcache_call is left out: its
+#: calls are hand-made reproducers of two known findings, not a fault of the field).
+FAULT_WEIGHTS: dict[str, float] = {
+    "latency": 3, "bandwidth": 1, "limit_data": 2, "link_down": 2, "reset_peer": 2, "timeout": 1,
+    "slicer": 1, "stall": 2, "cancel": 3, "kill": 2, "pause": 2, "preempt": 2, "retrieve_fail": 2,
+    "l2_corrupt": 2, "l2_fault_inject": 1, "disk_full": 1, "tier_flush": 2,
+}
+
+#: The reference engine's KV block size, tokens (chaos/engine/config.py; vLLM's default 16).
+BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class StackOffer:
+    """What one stack file offers the generator.
+
+    Attributes:
+        path: the stack file (absolute).
+        links: proxied links (``x-kvchaos.links``).
+        engine, lmcache: their service names (None when the file names none).
+        redis: the Redis service of LMCache's ``resp`` L2 (None: no Redis tier).
+        l2_tiers: L2 tiers: ``fs`` (``l2_fs_path``) and/or ``redis``.
+        chunk: LMCache's chunk size, tokens.
+        capabilities: chaos/stack/capabilities.py names plus ``var:NAME`` per variable read.
+        l2_links: the links to an L2 server (their upstream is the Redis URL's host:port):
+            LMCache uses them only for what L1 no longer holds.
+    """
+
+    path: Path
+    links: tuple[str, ...]
+    engine: str | None
+    lmcache: str | None
+    redis: str | None
+    l2_tiers: tuple[str, ...]
+    chunk: int
+    capabilities: frozenset[str]
+    l2_links: tuple[str, ...] = ()
+
+    def has(self, capability: str) -> bool:
+        """The stack meets ``capability`` (``"a|b"``: either)."""
+        return need_met(capability, set(self.capabilities))
+
+
+def stack_offer(path: str | Path) -> StackOffer:
+    """Read a stack file into a :class:`StackOffer` (no port is claimed, nothing starts).
+
+    Raises:
+        ConfigError: the stack file is missing or invalid (file:line in the message).
+    """
+    spec = load_stack(Path(path), require_commands=False, allocate_ports=False)
+    s = spec.settings
+    tiers = []
+    if s.l2_fs_path:
+        tiers.append("fs")
+    redis = s.redis.service if s.redis is not None else None
+    if redis:
+        tiers.append("redis")
+    redis_at = urlsplit(s.redis.url).netloc if s.redis is not None else None
+    l2_links = tuple(sorted(name for name, link in s.links.items() if redis_at and link.upstream == redis_at))
+    return StackOffer(path=Path(path).resolve(), links=tuple(sorted(s.links)), engine=s.engine, lmcache=s.lmcache,
+                      redis=redis, l2_tiers=tuple(tiers), chunk=int(s.chunk_size or 256),
+                      capabilities=frozenset(spec.capabilities()), l2_links=l2_links)
+
+
+def _basis(fault: dict[str, Any]) -> str:
+    """How the fault's default trigger is judged (chaos/faults/base.py ``TRIGGER_BASES``)."""
+    cls = registry.get(fault["kind"])
+    return cls.default_trigger(cls.params_model.model_validate(fault)).basis
+
+
+def _needs_met(offer: StackOffer, fault: dict[str, Any]) -> bool:
+    """The stack meets every capability this fault's kind needs with these settings."""
+    cls = registry.get(fault["kind"])
+    params = cls.params_model.model_validate(fault)
+    return all(offer.has(cap) for cap in cls.capability_needs(params))
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+def _ms(n: float) -> str:
+    return f"{int(n)}ms"
+
+
+def _timing(rng: random.Random, *, bounded: bool = False, max_s: float = 8.0) -> dict[str, Any]:
+    """A fault's start and length: start 0 or a little later (the phase's requests already in
+    flight), then ``duration`` (1..max_s seconds) or ``until: end`` (``bounded``: always a
+    duration)."""
+    out: dict[str, Any] = {"start": _ms(rng.choice([0, 0, 0, 200, 500, 1000, 2000]))}
+    if bounded or rng.random() < 0.5:
+        out["duration"] = _ms(1000 * rng.choice([1, 2, 3, 5, max_s]))
+    else:
+        out["until"] = "end"
+    return out
+
+
+# --- one maker per fault kind: (rng, offer) -> the fault's fields, or None -----------------------
+
+def _link_fault(kind: str, extra: Callable[[random.Random], dict[str, Any]]):
+    def make(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+        if not offer.links:
+            return None
+        return {"kind": kind, "link": rng.choice(offer.links), "stream": rng.choice(["downstream", "upstream"]),
+                **extra(rng), **_timing(rng)}
+    return make
+
+
+def _limit_data(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+    """A connection cut after N bytes: small N upstream (requests, lookups: a few KB), up to a
+    few chunks downstream (a 2 MiB chunk of KV per retrieve), so that traffic reaches the limit
+    (a limit above what crosses never acts: the run would be inconclusive)."""
+    if not offer.links:
+        return None
+    stream = rng.choice(["downstream", "upstream"])
+    sizes = [0, 256, 2048] if stream == "upstream" else [4096, 65536, 524288]
+    return {"kind": "limit_data", "link": rng.choice(offer.links), "stream": stream, "bytes": rng.choice(sizes),
+            **_timing(rng)}
+
+
+def _link_down(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+    if not offer.links:
+        return None
+    return {"kind": "link_down", "link": rng.choice(offer.links), **_timing(rng, bounded=rng.random() < 0.5)}
+
+
+def _stall(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    return {"kind": "stall", "point": rng.choice(["before_lookup", "before_retrieve", "before_store"]),
+            "seconds": _ms(rng.choice([500, 1000, 2500, 4000])), "count": rng.choice([1, 2, 4]), "until": "end"}
+
+
+def _cancel(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    mode = rng.choice(["after_first_token", "after_ms", "random", "at_state", "at_state"])
+    out: dict[str, Any] = {"kind": "cancel", "mode": mode}
+    if mode == "at_state":
+        out["state"] = rng.choice(["lookup", "load", "prefill", "decode"])
+    if mode in ("after_ms", "random"):
+        out["after_ms"] = float(rng.choice([0, 20, 100, 300]))
+    if rng.random() < 0.5:
+        out["storm"] = True
+    else:
+        out["probability"] = rng.choice([0.25, 0.5, 1.0])
+    out.update(_timing(rng))
+    return out
+
+
+def _service_fault(kind: str):
+    def make(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+        services = [s for s in (offer.lmcache, offer.redis) if s]
+        if kind == "kill" and offer.engine:
+            services.append(offer.engine)
+        if not services:
+            return None
+        out: dict[str, Any] = {"kind": kind, "service": rng.choice(services)}
+        length = rng.choice([1, 2, 3, 5])
+        if kind == "kill":
+            out["signal"] = rng.choice(["SIGKILL", "SIGKILL", "SIGTERM"])
+            if rng.random() < 0.6:
+                out["restart_after"] = _ms(rng.choice([500, 1000, 2000]))
+                length = max(length, 3)
+        if rng.random() < 0.3:  # after the phase's requests: the server goes while they are stored
+            out.update({"after": "requests", "start": "0ms", "duration": _ms(1000 * length)})
+        else:
+            out.update({"start": _ms(rng.choice([0, 200, 500, 1000])), "duration": _ms(1000 * length)})
+            if out["start"] != "0ms" and rng.random() < 0.5:
+                out["hold_requests"] = True
+        return out
+    return make
+
+
+def _preempt(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    # A bounded window: preempting every 700 ms `until: end` on a slow host can keep a phase's
+    # requests from ever finishing (each resume recomputes; seen on seed 1: a phase ran 5+ min)
+    return {"kind": "preempt", "via": "hook", "target": rng.choice(["newest", "all"]),
+            "interval": _ms(rng.choice([700, 1500, 3000])), "start": "0ms",
+            "duration": _ms(1000 * rng.choice([2, 3, 5]))}
+
+
+def _retrieve_fail(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+    out: dict[str, Any] = {"kind": "retrieve_fail", "count": rng.choice([1, 2, 3]), "hold": _ms(rng.choice([1000, 2000])),
+                           "break_with": rng.choice(["pause", "link_down"]), "until": "end"}
+    if out["break_with"] == "link_down":
+        if not offer.links:
+            return None
+        out["link"] = "engine-lmcache" if "engine-lmcache" in offer.links else offer.links[0]
+    return out
+
+
+def _l2_corrupt(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+    if not offer.l2_tiers:
+        return None
+    # With two tiers LMCache may read the other one's copy: "both" most of the time
+    target = ("both" if len(offer.l2_tiers) == 2 and rng.random() < 0.7
+              else rng.choice(list(offer.l2_tiers)))
+    out: dict[str, Any] = {"kind": "l2_corrupt", "mode": rng.choice(["truncate", "delete", "bitflip"]),
+                           "target": target}
+    if out["mode"] == "bitflip":
+        out["bits"] = rng.choice([1, 8, 64])
+    if rng.random() < 0.3:
+        out["fraction"] = rng.choice([0.25, 0.5])
+    if rng.random() < 0.4:
+        out["repeat_every"] = _ms(rng.choice([100, 500]))
+    out["until"] = "end"
+    return out
+
+
+def _l2_fault_inject(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "l2_fault_inject"}
+    pick = rng.random()
+    if pick < 0.4:
+        out["rate"] = rng.choice([0.25, 0.5, 1.0])
+        out["seed"] = rng.randrange(1000)
+    elif pick < 0.8:
+        out["gap_indices"] = sorted(rng.sample([0, 1, 2, 3], rng.choice([1, 2])))
+    else:
+        out["gap_tail_ratios"] = [rng.choice([0.0, 0.5])]
+    out["until"] = "end"
+    return out
+
+
+def _disk_full(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    return {"kind": "disk_full", **_timing(rng)}
+
+
+def _tier_flush(rng: random.Random, offer: StackOffer) -> dict[str, Any] | None:
+    tiers = ["l1", *offer.l2_tiers]
+    if offer.has("engine.reset_prefix_cache"):
+        tiers.append("engine")
+    chosen = sorted(rng.sample(tiers, rng.randint(1, len(tiers))))
+    return {"kind": "tier_flush", "tiers": chosen, "until": "end"}
+
+
+MAKERS: dict[str, Callable[[random.Random, StackOffer], dict[str, Any] | None]] = {
+    "latency": _link_fault("latency", lambda r: {"latency_ms": r.choice([100, 500, 1500, 3000]),
+                                                 **({"jitter_ms": r.choice([50, 200])} if r.random() < 0.3 else {})}),
+    "bandwidth": _link_fault("bandwidth", lambda r: {"rate_kbps": r.choice([20, 200, 2000])}),
+    "limit_data": _limit_data,
+    "link_down": _link_down,
+    "reset_peer": _link_fault("reset_peer", lambda r: {"timeout_ms": r.choice([0, 100, 1000])}),
+    "timeout": _link_fault("timeout", lambda r: {"timeout_ms": r.choice([0, 500, 2000])}),
+    "slicer": _link_fault("slicer", lambda r: {"average_size": r.choice([16, 256, 4096]),
+                                               "delay_us": r.choice([0, 100, 1000])}),
+    "stall": _stall,
+    "cancel": _cancel,
+    "kill": _service_fault("kill"),
+    "pause": _service_fault("pause"),
+    "preempt": _preempt,
+    "retrieve_fail": _retrieve_fail,
+    "l2_corrupt": _l2_corrupt,
+    "l2_fault_inject": _l2_fault_inject,
+    "disk_full": _disk_full,
+    "tier_flush": _tier_flush,
+}
+
+
+def fault_kinds_for(offer: StackOffer) -> list[str]:
+    """The fault kinds the generator draws on this stack: registered, with a maker, and whose
+    kind-wide ``needs`` the stack meets (settings-dependent needs are checked per fault)."""
+    out = []
+    for kind in sorted(MAKERS):
+        if kind not in registry.kinds():
+            continue
+        if all(offer.has(cap) for cap in registry.get(kind).needs):
+            out.append(kind)
+    return out
+
+
+def _draw_fault(rng: random.Random, offer: StackOffer, kinds: list[str]) -> dict[str, Any] | None:
+    """One fault the stack can run (a few tries; None when every try needed what it lacks)."""
+    weights = [FAULT_WEIGHTS.get(k, 1) for k in kinds]
+    for _ in range(8):
+        kind = rng.choices(kinds, weights)[0]
+        fault = MAKERS[kind](rng, offer)
+        if fault is None or not _needs_met(offer, fault):
+            continue
+        if fault.get("after") == "requests" and _basis(fault) == "requests_in_place":
+            # no request meets a fault applied after the phase's requests: its window would be
+            # unreachable (the loader warns); start it with the phase instead
+            del fault["after"]
+        return fault
+    return None
+
+
+# --- workload -----------------------------------------------------------------------------------
+
+def _prefixes(rng: random.Random, chunk: int) -> list[int]:
+    """1-3 prefix lengths, most at and around chunk boundaries (k*chunk-1, k*chunk, k*chunk+1)."""
+    out = []
+    for _ in range(rng.choice([1, 2, 3])):
+        if rng.random() < 0.8:
+            out.append(max(1, rng.choice([1, 1, 2, 3, 4]) * chunk + rng.choice([-1, 0, 0, 1])))
+        else:
+            out.append(rng.randint(16, 4 * chunk))
+    if max(out) < chunk:  # at least one full chunk: something to store and hit
+        out.append(chunk)
+    return out
+
+
+def _workload(rng: random.Random, offer: StackOffer) -> dict[str, Any]:
+    w: dict[str, Any] = {
+        "families": rng.randint(1, 5),
+        "prefix_tokens": _prefixes(rng, offer.chunk),
+        "suffix_tokens": rng.choice([0, 1, 8, 16, 32]),
+        "requests": rng.choice([4, 6, 8, 12]),
+        "concurrency": rng.choice([1, 2, 3, 4, 6]),
+        "max_tokens": rng.choice([4, 8, 16, 32]),
+        "stream": rng.choice([False, True, 0.5]),
+    }
+    if rng.random() < 0.25:
+        w["turns"] = rng.choice([2, 3])
+    if offer.has("engine.cache_salt") and rng.random() < 0.3:
+        w["tenants"] = rng.choice([2, 3, ["team-a", "team-b"]])
+    return w
+
+
+# --- the scenario -------------------------------------------------------------------------------
+
+def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
+    """Scenario ``index`` of ``seed`` on the stack ``offer``, as the dict of a scenario file
+    (its ``stack`` is the absolute path of the stack file: :func:`write_scenario` makes it
+    relative to where it writes).
+
+    Args:
+        offer: :func:`stack_offer`'s answer.
+        seed: the exploration's seed.
+        index: 0, 1, 2, ...: the scenario's number in the exploration.
+
+    Returns:
+        A dict that ``chaos.scenario.loader`` validates against the stack file.
+    """
+    rng = random.Random(f"{seed}:{index}")
+    kinds = fault_kinds_for(offer)
+    workload = _workload(rng, offer)
+    variables: dict[str, str] = {}
+    engine: dict[str, Any] = {}
+    if offer.has("var:KVCHAOS_ENGINE_PREFIX_CACHING") and rng.random() < 0.2:
+        engine["prefix_caching"] = True
+    small_pool = offer.has("var:ENGINE_NUM_BLOCKS") and rng.random() < 0.12
+    if small_pool:
+        # room for about 1.3 of the longest prompts at once, more than one in flight: preemption
+        per_request = -(-(max(workload["prefix_tokens"]) + workload["suffix_tokens"] + 96) // BLOCK_TOKENS)
+        variables["ENGINE_NUM_BLOCKS"] = str(int(per_request * 1.3) + 2)
+        workload["max_tokens"] = 96
+        workload["concurrency"] = max(2, workload["concurrency"])
+        workload["turns"] = 1
+    phases: list[dict[str, Any]] = [{"name": "warm"}]
+    hit_phase = (not engine.get("prefix_caching") and workload.get("turns", 1) == 1 and offer.has("engine.metrics")
+                 and rng.random() < 0.5)
+    if hit_phase:
+        phases.append({"name": "hit", "trigger": {"metric": "vllm:external_prefix_cache_hits_total",
+                                                   "service": offer.engine or "engine", "grew_by": offer.chunk}})
+    n_fault_phases = rng.choice([1, 1, 2])
+    number = 0
+    longest = 0.0
+    for p in range(n_fault_phases):
+        faults = []
+        for _ in range(rng.choice([1, 1, 2] if n_fault_phases == 1 else [1, 1, 1, 2])):  # several: overlapping
+            fault = _draw_fault(rng, offer, kinds) if kinds else None
+            if fault is not None:
+                faults.append(fault)
+        if (any(f["kind"] == "l2_corrupt" or f.get("link") in offer.l2_links for f in faults) and "tier_flush" in kinds
+                and not any(f["kind"] == "tier_flush" for f in faults) and rng.random() < 0.8):
+            # L2 is read only for what L1 no longer holds: empty L1 first, or nothing reads
+            # the corrupted objects or crosses the L2 link and the fault never acts (as
+            # scenarios/l2-truncate.yaml)
+            faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
+        for fault in faults:
+            fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
+            number += 1
+        phase: dict[str, Any] = {"name": f"fault-{p + 1}"}
+        if faults:
+            phase["faults"] = faults
+            longest = max(longest, sum(_seconds(f.get("duration", "0ms")) for f in faults))
+        if faults and rng.random() < 0.2:
+            phase["requests_start"] = "at_once"
+        if (faults and rng.random() < 0.25 and all(f.get("after") != "requests" for f in faults)
+                and all(_basis(f) == "requests_from_apply" for f in faults)):
+            # only what a later request meets (a kill, a flush): the rest needs requests in place
+            phase["requests"] = 0  # the fault acts on a quiet stack; the next phase meets what it left
+            phase["duration"] = "2s"
+        phases.append(phase)
+    _no_l1_flush_after_restart(phases)
+    phases.append({"name": "recover", "requests": rng.choice([2, 4, 6])})
+    if small_pool:
+        phases[-1]["faults"] = [{"kind": "preempt", "name": f"kv-pool-pressure-{number}", "via": "pool",
+                                 "until": "end"}]
+    checks: dict[str, Any] = {
+        "recompute_equivalence": {},
+        "liveness": {"request_deadline_s": int(60 + 2 * longest + (120 if small_pool else 0))},
+        "leaks": {"quiesce_s": 10},
+        "evidence": {},
+    }
+    if "tenants" in workload:
+        checks["isolation"] = {}
+    if hit_phase:
+        checks["hit_quality"] = {"phases": ["hit"], "stored_prefix_full_hit": True, "min_correct_hit_rate": 1.0}
+    kinds_used = sorted({f["kind"] for ph in phases for f in ph.get("faults", [])})
+    data: dict[str, Any] = {
+        "name": f"explore-{seed}-{index}",
+        "description": f"Generated by kvchaos explore (seed {seed}, scenario {index}): faults "
+                       f"{', '.join(kinds_used) or 'none'} on {offer.path.name}.",
+        "stack": str(offer.path),
+        "seed": seed * 100_003 + index,
+    }
+    if engine:
+        data["engine"] = engine
+    if variables:
+        data["variables"] = variables
+    data.update({"workload": workload, "phases": phases, "checks": checks})
+    return data
+
+
+def _no_l1_flush_after_restart(phases: list[dict[str, Any]]) -> None:
+    """l2_fault_inject restarts LMCache (at apply and at heal), emptying its L1: a later L1 flush
+    would flush nothing and its run be inconclusive (the loader warns). Drop ``l1`` from later
+    flushes, and a flush left with no tier."""
+    restarted = False
+    for ph in phases:
+        if restarted:
+            kept = []
+            for f in ph.get("faults", []):
+                if f["kind"] == "tier_flush" and "l1" in f["tiers"]:
+                    f["tiers"] = [t for t in f["tiers"] if t != "l1"]
+                    if not f["tiers"]:
+                        continue
+                kept.append(f)
+            if "faults" in ph:
+                ph["faults"] = kept
+                if not kept:
+                    del ph["faults"]
+                    ph.pop("requests_start", None)
+        restarted = restarted or any(f["kind"] == "l2_fault_inject" for f in ph.get("faults", []))
+
+
+def _seconds(text: str) -> float:
+    return float(text[:-2]) / 1000 if text.endswith("ms") else 0.0
+
+
+def write_scenario(data: dict[str, Any], folder: Path) -> Path:
+    """Write a generated scenario to ``folder/<name>.yaml``, its stack path relative to
+    ``folder`` (so the file runs alone with ``kvchaos run``).
+
+    Returns:
+        The file's path.
+
+    Raises:
+        OSError: the folder cannot be written.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{data['name']}.yaml"
+    out = dict(data)
+    out["stack"] = os.path.relpath(Path(data["stack"]), folder.resolve())
+    path.write_text(yaml.safe_dump(out, sort_keys=False, default_flow_style=None, width=100))
+    return path

@@ -1,0 +1,115 @@
+"""Signatures of explore's findings: what makes two failures the same one, and which are known.
+
+    failed run ──> (failed check names, diagnosis class, fault kinds of the shrunk file)
+                    e.g. checks=recompute_equivalence | diagnosis=length_mismatch | faults=latency
+    xfail scenarios (scenarios/**, the shipped findings) ──> KnownFinding (fault kinds, checks)
+    a signature is "known" when a shipped finding has the same fault kinds and every failed
+    check of the signature is one of the checks that finding runs (and the run planted no
+    engine bug: a planted bug is never an upstream finding)
+
+The diagnosis class is the verdict ``kvchaos diagnose`` gave most of the run's failing requests,
+without its detail in parentheses (``kv_content (zero)`` -> ``kv_content``); none when the run
+was not diagnosed (no request-level check failed, or diagnosis off or failed).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.scenario.loader import discover_scenarios, load_scenario
+from chaos.scenario.model import Scenario
+from chaos.yamlsource import ConfigError
+
+__all__ = ["Signature", "KnownFinding", "diagnosis_class", "known_findings", "match_known", "signature_of"]
+
+
+@dataclass(frozen=True, order=True)
+class Signature:
+    """What deduplicates explore's findings.
+
+    Attributes:
+        checks: the names of the checks that failed, sorted.
+        diagnosis: the diagnosis class of the run's failing requests, "" when none.
+        faults: the fault kinds in the (shrunk) scenario, sorted, distinct.
+    """
+
+    checks: tuple[str, ...]
+    diagnosis: str
+    faults: tuple[str, ...]
+
+    def text(self) -> str:
+        """One line: ``checks=a+b | diagnosis=x | faults=k1+k2`` (``-`` for empty parts)."""
+        return (f"checks={'+'.join(self.checks) or '-'} | diagnosis={self.diagnosis or '-'} | "
+                f"faults={'+'.join(self.faults) or '-'}")
+
+    def slug(self) -> str:
+        """A file name for the signature's scenario: ``[a-z0-9-]``, at most 90 characters."""
+        raw = "-".join([*self.checks, self.diagnosis or "undiagnosed", *(self.faults or ("no-fault",))])
+        return re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")[:90]
+
+
+def diagnosis_class(verdicts: Iterable[str]) -> str:
+    """The most frequent verdict without its ``(detail)``; "" for none. Ties: the name first in
+    alphabetical order (deterministic)."""
+    counts = Counter(v.split(" (")[0].strip() for v in verdicts if v)
+    if not counts:
+        return ""
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+
+
+def signature_of(failed_checks: Iterable[str], diagnosis: str, scenario: Scenario) -> Signature:
+    """The signature of a failure: its failed checks, its diagnosis class, and the fault kinds
+    of ``scenario`` (the shrunk one when the shrink worked, else the one that ran)."""
+    kinds = sorted({f.kind for _p, _i, f in scenario.faults()})
+    return Signature(checks=tuple(sorted(set(failed_checks))), diagnosis=diagnosis, faults=tuple(kinds))
+
+
+@dataclass(frozen=True)
+class KnownFinding:
+    """A shipped xfail scenario, as explore compares it.
+
+    Attributes:
+        name: the scenario's name.
+        file: its path.
+        faults: its fault kinds, sorted, distinct.
+        checks: the checks it runs.
+    """
+
+    name: str
+    file: str
+    faults: tuple[str, ...]
+    checks: frozenset[str]
+
+
+def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
+    """Every xfail scenario under ``roots`` (files or folders); files that do not load are
+    skipped (``kvchaos validate`` reports them, not explore)."""
+    out = []
+    for root in roots:
+        root = Path(root)
+        paths = [root] if root.is_file() else (discover_scenarios(root) if root.is_dir() else [])
+        for path in paths:
+            try:
+                s = load_scenario(path)
+            except (ConfigError, OSError, ValueError):
+                continue
+            if s.xfail is None:
+                continue
+            out.append(KnownFinding(name=s.name, file=str(path), faults=tuple(sorted({f.kind for _p, _i, f in s.faults()})),
+                                    checks=frozenset(s.checks.enabled())))
+    return out
+
+
+def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool) -> KnownFinding | None:
+    """The shipped finding ``sig`` matches (same fault kinds, every failed check one it runs),
+    or None; never one when the run planted engine bugs."""
+    if planted_bugs or not sig.checks:
+        return None
+    for k in known:
+        if k.faults == sig.faults and set(sig.checks) <= k.checks:
+            return k
+    return None

@@ -1,0 +1,89 @@
+"""Signatures deduplicate findings: same failed checks, diagnosis class and fault kinds are one
+finding; a shipped xfail scenario with the same fault kinds is "known" (never with a planted bug)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, known_findings, match_known, signature_of
+from chaos.scenario.loader import load_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_diagnosis_class_is_the_most_frequent_without_detail() -> None:
+    assert diagnosis_class(["kv_content (zero)", "kv_content (shifted)", "length_mismatch"]) == "kv_content"
+    assert diagnosis_class([]) == ""
+    assert diagnosis_class(["b", "a"]) == "a"  # a tie: alphabetical, so deterministic
+
+
+def test_same_failure_same_signature_order_free() -> None:
+    s = load_scenario(REPO / "scenarios" / "lookup-timeout.yaml")
+    a = signature_of(["recompute_equivalence", "liveness"], "kv_content", s)
+    b = signature_of(["liveness", "recompute_equivalence", "liveness"], "kv_content", s)
+    assert a == b and a.text() == "checks=liveness+recompute_equivalence | diagnosis=kv_content | faults=latency"
+    assert signature_of(["liveness"], "kv_content", s) != a
+    assert signature_of(["recompute_equivalence", "liveness"], "", s) != a
+    assert a.slug() == "liveness-recompute-equivalence-kv-content-latency"
+
+
+def test_known_findings_are_the_xfail_scenarios() -> None:
+    known = known_findings([REPO / "scenarios"])
+    names = {k.name for k in known}
+    assert "restart-between-heartbeats" in names
+    assert all(load_scenario(k.file).xfail is not None for k in known)
+    assert "smoke" not in names
+
+
+def test_match_known_needs_same_faults_and_a_check_it_runs() -> None:
+    k = KnownFinding(name="f", file="f.yaml", faults=("pause",), checks=frozenset({"leaks", "evidence"}))
+    assert match_known(Signature(("leaks",), "", ("pause",)), [k], planted_bugs=False) is k
+    assert match_known(Signature(("leaks",), "", ("pause",)), [k], planted_bugs=True) is None
+    assert match_known(Signature(("leaks",), "", ("kill",)), [k], planted_bugs=False) is None
+    assert match_known(Signature(("liveness",), "", ("pause",)), [k], planted_bugs=False) is None
+
+
+def test_guide_prefers_kind_sets_that_reach_new_counter_combinations() -> None:
+    from chaos.explore.guidance import CounterGuide, grown
+
+    assert grown({"a_total": 1.0}, {"a_total": 2.0, "b_total": 0.0, "c_total": 1.0}) == frozenset({"a_total", "c_total"})
+    assert grown(None, {"a_total": 1.0}) is None
+    g = CounterGuide()
+    assert g.record(["latency"], frozenset({"x"})) is True
+    assert g.record(["latency"], frozenset({"x"})) is False  # seen: no credit
+    assert g.record(["kill"], None) is False  # LMCache unreadable after the run: no credit
+    assert g.score(["latency"]) == 0.5 and g.score(["kill"]) == 0.0 and g.score(["pause"]) == 1.0
+    # never tried first, then the best record; the first among equals
+    assert g.pick([["kill"], ["latency"], ["pause"], ["tier_flush"]], lambda k: k) == 2
+    assert g.pick([["kill"], ["latency"]], lambda k: k) == 1
+
+
+def test_counter_totals_sum_counters_over_labels_from_a_real_page() -> None:
+    import http.server
+    import threading
+
+    from chaos.explore.guidance import counter_totals
+
+    page = (b"# TYPE lmcache_mp_lookup_hit_tokens counter\n"
+            b'lmcache_mp_lookup_hit_tokens_total{model="a"} 256\n'
+            b'lmcache_mp_lookup_hit_tokens_total{model="b"} 512\n'
+            b"# TYPE lmcache_mp_l1_usage gauge\nlmcache_mp_l1_usage 0.5\n")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(page if self.path == "/metrics" else b"")
+
+        def log_message(self, *_a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert counter_totals(base + "/metrics") == {"lmcache_mp_lookup_hit_tokens_total": 768.0}
+        assert counter_totals(base + "/nothing") is None
+    finally:
+        server.shutdown()
+        server.server_close()

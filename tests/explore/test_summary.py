@@ -1,0 +1,73 @@
+"""explore's bookkeeping without a stack: outcomes, missed triggers, a failure seen twice is one
+signature counted twice (the second not shrunk), the finding's file validates, summary.json and
+index.html say so. The results are real RunResult models built by the report layer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from chaos.checks.result import CheckResult
+from chaos.explore.explore import ExploreOptions, ExploreSummary, _finding, _record, classify, missed_triggers
+from chaos.explore.generate import generate, stack_offer, write_scenario
+from chaos.report.result import build_result
+from chaos.scenario.loader import check_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+
+EVIDENCE_MISSED = CheckResult(name="evidence", verdict="unknown", summary="inconclusive", details={
+    "faults": [{"kind": "latency", "acted": True, "default_trigger": {"default": "latency"}, "problem": "not reached"},
+               {"kind": "kill", "acted": False, "default_trigger": None, "problem": "did not bite"}],
+    "phases": [{"phase": "hit", "trigger": {"conditions": [{"metric": "vllm:external_prefix_cache_hits_total"}]},
+                "problem": "trigger not reached"}]})
+
+
+def _result(run_id: str, checks: list[CheckResult], path: Path, bugs=()):
+    return build_result(run_id=run_id, scenario="explore-5-0", history=[], checks=checks, scenario_path=str(path),
+                        engine_bugs=list(bugs))
+
+
+def test_outcomes_and_missed_triggers(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    inconclusive = _result("r1", [CheckResult(name="liveness", verdict="passed", summary=""), EVIDENCE_MISSED], path)
+    assert classify(inconclusive) == "inconclusive"
+    assert missed_triggers(inconclusive) == ["latency: default trigger", "kill: did not act",
+                                             "phase hit: vllm:external_prefix_cache_hits_total"]
+    failed = _result("r2", [CheckResult(name="leaks", verdict="failed", summary="held")], path)
+    assert classify(failed) == "failed"
+    assert classify(_result("r3", [], path)) == "passed"
+
+
+def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> None:
+    offer = stack_offer(REPO / "compose" / "reference.yml")
+    data = generate(offer, 5, 0)
+    data["engine"] = {"bugs": ["hit-plus-one-chunk"]}
+    path = write_scenario(data, tmp_path / "scenarios")
+    scenario = check_scenario(path).scenario
+    summary = ExploreSummary(explore_id="explore-5-x", folder=tmp_path / "out", stack=str(offer.path), seed=5,
+                             bugs=["hit-plus-one-chunk"], budget_s=60, max_runs=2, started_at="now")
+    opts = ExploreOptions(seed=5, shrink_budget_s=0)
+    failing = [CheckResult(name="recompute_equivalence", verdict="failed", summary="token 1 differs")]
+    pre_seen: dict = {}
+    for i in range(2):
+        run_dir = tmp_path / "runs" / f"r{i}"
+        run_dir.mkdir(parents=True)
+        # the result names no engine bug: no control run on the clean engine (that needs a stack)
+        result = _result(f"r{i}", failing, path)
+        _record(summary, i, path, run_dir, result, 1.0, 10.0 * (i + 1))
+        _finding(summary, opts, i, run_dir, result, scenario, pre_seen, tmp_path / "out" / "findings", None, 0.0,
+                 lambda: 60.0, lambda _m: None)
+    (sig,) = summary.signatures.values()
+    assert sig["count"] == 2 and sig["first_run_index"] == 0 and sig["first_elapsed_s"] == 10.0
+    assert sig["known"] is None and not sig["shrink"]["done"]
+    kinds = sorted({f["kind"] for p in data["phases"] for f in p.get("faults", [])})
+    assert sig["faults"] == kinds and sig["checks"] == ["recompute_equivalence"]
+    check = check_scenario(sig["scenario"], require_commands=True)  # the copied file, its stack relinked
+    assert check.ok, check.error()
+    assert check.scenario.engine.bugs == ["hit-plus-one-chunk"]
+    summary.write()
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert written["failed"] == 2 and written["run_count"] == 2 and len(written["signatures"]) == 1
+    assert [r["signature"] for r in written["runs"]] == [sig["signature"]] * 2
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert sig["signature"] in page and "run 0, after 10.0 s" in page
