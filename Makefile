@@ -62,7 +62,8 @@ demo: setup
 ## pytest-xdist workers (a test file stays on one worker, so module-scoped stacks are started
 ## once), then the catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own
 ## stacks) beside the network-fault scenarios with the real Toxiproxy, then their comparison and
-## the network suite under --backend compose, then the vLLM tier (`make vllm-tier`: the real
+## the network suite under --backend compose, then `make explore-smoke` beside the vLLM set-up,
+## then the vLLM tier (`make vllm-tier`: the real
 ## vLLM CPU stack, one stack at a time, alone on the machine). Each stage prints its wall time.
 ## The whole real-proxy catalogue, the tests marked nightly (loaded-host reruns) and `make
 ## test-loaded` are in `make nightly`; the vLLM zoo is `kvchaos zoo --stack compose/vllm-cpu.yml`.
@@ -79,8 +80,8 @@ test: setup image
 	$(MAKE) --no-print-directory test-real-compare; \
 	rc=$$?; echo "stage compare and compose network suite: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory setup-vllm; \
-	rc=$$?; echo "stage vLLM set-up (.venv-vllm): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse explore-smoke setup-vllm; \
+	rc=$$?; echo "stage explore smoke beside the vLLM set-up (.venv-vllm): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory vllm-tier; \
 	rc=$$?; echo "stage vLLM tier (real vLLM CPU + LMCache MP connector): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
@@ -197,7 +198,7 @@ zoo-tolerant: setup
 	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
 ## A bounded `kvchaos explore` (docs/explore.md): generated scenarios against the reference stack
 ## with a planted engine bug, so that it shows a finding (shrunk, signed, in
-## reports/explore-smoke/<explore-id>/). A few minutes; not in `make test` (yet).
+## reports/explore-smoke/<explore-id>/). A few minutes; `make test` runs it beside the vLLM set-up.
 EXPLORE_SMOKE_ARGS ?= --max-runs 3 --budget 5m --shrink-budget 60s --bug hit-plus-one-chunk --seed 55
 explore-smoke: setup
 	rm -rf reports/explore-smoke
