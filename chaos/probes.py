@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from chaos.httppool import pool_limits
 from chaos.prometheus import text_samples
 
-__all__ = ["Condition", "Trigger", "Triggered", "NO_TRIGGER", "conditions_of", "check_no_trigger_reason", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
+__all__ = ["Condition", "Trigger", "Triggered", "TriggerSpec", "trigger_field", "reason_field", "NO_TRIGGER", "conditions_of", "check_no_trigger_reason", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
            "http_base", "read_json_number", "read_metric", "LogCursor", "json_at",
            "trigger_problems", "stack_capabilities", "SAMPLE_EVERY_S"]
 
@@ -207,6 +207,21 @@ def check_no_trigger_reason(trigger: list[Condition] | str, reason: str | None) 
     if trigger != NO_TRIGGER and reason is not None:
         raise ValueError("`reason` is for `trigger: none` (why no trigger proves the window); drop it or "
                          "say `trigger: none`")
+
+
+#: The type of a ``trigger`` field: one condition or a list (normalized by :class:`Triggered`),
+#: or :data:`NO_TRIGGER`.
+TriggerSpec = list[Condition] | Literal["none"]
+
+
+def trigger_field(description: str) -> Any:
+    """The ``trigger`` field of a :class:`Triggered` model (empty by default: the kind's default)."""
+    return Field(default_factory=list, description=description)
+
+
+def reason_field(description: str) -> Any:
+    """The ``reason`` field of a :class:`Triggered` model (only with ``trigger: none``)."""
+    return Field(default=None, min_length=1, description=description)
 
 
 class Triggered(BaseModel):

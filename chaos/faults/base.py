@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from chaos.duration import Duration, PositiveDuration
-from chaos.probes import Condition, Triggered
+from chaos.probes import Triggered, TriggerSpec, reason_field, trigger_field
 
 if TYPE_CHECKING:  # only for type hints; each is written by another layer
     from chaos.history import HistoryWriter
@@ -93,19 +93,15 @@ class FaultParams(Triggered):
     until: Literal["end"] | None = Field(
         default=None, description="`end`: the fault lasts until its phase ends"
     )
-    trigger: list[Condition] | Literal["none"] = Field(
-        default_factory=list,
-        description="what must be seen while the fault is in place for the scenario to count (one "
+    trigger: TriggerSpec = trigger_field(
+        "what must be seen while the fault is in place for the scenario to count (one "
         "condition or a list, all must be seen): a metric or JSON number of a service that grew_by "
         "or reached N, or a log line that matched; not seen: the run is inconclusive. Omitted: the "
         "kind's default trigger (docs/scenarios.md). `none` (with `reason`): nothing proves the "
-        "window, and a run whose checks pass is 'passed (window not proven)'",
-    )
-    reason: str | None = Field(
-        default=None, min_length=1,
-        description="with `trigger: none`: why nothing can prove that this fault reached the system "
-        "under test (required there, not allowed otherwise)",
-    )
+        "window, and a run whose checks pass is 'passed (window not proven)'")
+    reason: str | None = reason_field(
+        "with `trigger: none`: why nothing can prove that this fault reached the system "
+        "under test (required there, not allowed otherwise)")
 
     @model_validator(mode="after")
     def _duration_or_until(self) -> FaultParams:

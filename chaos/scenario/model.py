@@ -26,7 +26,7 @@ from chaos.checks.config import ChecksConfig, Within
 from chaos.duration import PositiveDuration
 from chaos.faults import registry
 from chaos.faults.base import FaultParams
-from chaos.probes import Condition, Triggered
+from chaos.probes import Triggered, TriggerSpec, reason_field, trigger_field
 from chaos.workload.spec import WorkloadSpec
 
 if TYPE_CHECKING:
@@ -129,17 +129,13 @@ class Phase(_Strict, Triggered):
     faults: list[FaultSpec] = Field(  # type: ignore[valid-type]
         default_factory=list, description="faults applied during this phase, each on its own timeline"
     )
-    trigger: list[Condition] | Literal["none"] = Field(
-        default_factory=list,
-        description="what must be seen while the phase runs for the scenario to count (one condition "
+    trigger: TriggerSpec = trigger_field(
+        "what must be seen while the phase runs for the scenario to count (one condition "
         "or a list; as a fault's trigger); not seen: the run is inconclusive. `none` (with `reason`): "
-        "nothing proves the phase's window, and a run whose checks pass is 'passed (window not proven)'",
-    )
-    reason: str | None = Field(
-        default=None, min_length=1,
-        description="with `trigger: none`: why nothing can prove this phase's window (required there, "
-        "not allowed otherwise)",
-    )
+        "nothing proves the phase's window, and a run whose checks pass is 'passed (window not proven)'")
+    reason: str | None = reason_field(
+        "with `trigger: none`: why nothing can prove this phase's window (required there, "
+        "not allowed otherwise)")
     requests_start: Literal["after_faults", "at_once"] = Field(
         default="after_faults",
         description="after_faults: the phase's requests start once its faults with start 0 are "
