@@ -121,6 +121,18 @@ def _needs_met(offer: StackOffer, fault: dict[str, Any]) -> bool:
     return all(offer.has(cap) for cap in cls.capability_needs(params))
 
 
+def _default_needs_met(offer: StackOffer, fault: dict[str, Any], phase_faults: list[dict[str, Any]]) -> bool:
+    """The stack can see this fault's default trigger beside the phase's other faults (a cancel
+    beside a slowed LMCache link is judged by where its aborts landed: the engine's request
+    view); a fault whose default the stack cannot see would leave the run inconclusive."""
+    def params(f: dict[str, Any]) -> Any:
+        return registry.get(f["kind"]).params_model.model_validate(f)
+
+    beside = [params(f) for f in phase_faults if f is not fault]
+    default = registry.get(fault["kind"]).default_trigger_beside(params(fault), beside)
+    return all(offer.has(cap) for cap in default.needs)
+
+
 # --- timing -----------------------------------------------------------------------------------
 
 def _ms(n: float) -> str:
@@ -402,6 +414,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             fault = _draw_fault(rng, offer, kinds) if kinds else None
             if fault is not None:
                 faults.append(fault)
+        faults = [f for f in faults if _default_needs_met(offer, f, faults)]
         if (any(f["kind"] == "l2_corrupt" or f.get("link") in offer.l2_links for f in faults) and "tier_flush" in kinds
                 and not any(f["kind"] == "tier_flush" for f in faults) and rng.random() < 0.8):
             # L2 is read only for what L1 no longer holds: empty L1 first, or nothing reads

@@ -25,7 +25,8 @@ stack that cannot run it (exit 2, naming the missing capability):
 Links and services a fault names are checked on their own (``stack_refs``).
 
 What it means, for a kind, that a fault reached the system under test is its *default trigger*
-(:class:`DefaultTrigger`, from ``default_trigger(params)``): used when the scenario declares no
+(:class:`DefaultTrigger`, from ``default_trigger(params)``, or ``default_trigger_beside(params,
+beside)`` where the window depends on the phase's other faults): used when the scenario declares no
 ``trigger`` of its own, evaluated by the `evidence` check from the history, and reported as the
 default ("trigger (default for latency): ..."). A new kind inherits "its own evidence is the
 window" unless it says more.
@@ -37,7 +38,7 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -226,6 +227,21 @@ class Fault(ABC):
         the fault (a toxic on a link only heartbeats crossed) override this."""
         return DefaultTrigger("evidence", f"the {cls.kind} fault's own evidence (it counts what the system "
                               "under test did)")
+
+    @classmethod
+    def default_trigger_beside(cls, params: FaultParams, beside: Sequence[FaultParams] = ()) -> DefaultTrigger:
+        """The default trigger of a fault that shares its phase with the faults ``beside`` (their
+        params, this fault's own left out). A kind whose window depends on what else the phase
+        does overrides this (``cancel`` beside a fault that holds LMCache's answers aims at the
+        requests' LMCache calls); the default is :meth:`default_trigger`."""
+        return cls.default_trigger(params)
+
+    @classmethod
+    def holds_lmcache_answers(cls, params: FaultParams) -> bool:
+        """Whether this fault, while in place, keeps the engine waiting on LMCache (a slowed,
+        stalled or cut link, a frozen LMCache or L2 service): a request's lookup or load is then
+        in flight for longer than usual. Default False; the link kinds and ``pause`` say True."""
+        return False
 
     def __init__(self, params: FaultParams) -> None:
         if not isinstance(params, self.params_model):

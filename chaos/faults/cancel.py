@@ -20,6 +20,9 @@ aborted (seeded); ``storm`` aborts every request started in the window. The engi
 each aborted request's lookup, locks and session (field report F9: an abort between prefix
 match and load-back leaked a pending lookup, read locks and the session).
 
+Where each abort landed is asked of the engine after it (its request view; an engine without
+one answers 404 and the abort is counted as not located), for every mode.
+
 Evidence: requests aborted while the window was open; with ``at_state``, only aborts the
 engine says landed in that state count (``landed``: stage -> aborts), so a window where no
 request reached the state (a lookup that never went out, a load that never happened) or every
@@ -29,11 +32,12 @@ abort landed later is inconclusive, never "bitten".
 from __future__ import annotations
 
 import threading
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import Field, model_validator
 
 from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
+from chaos.faults.registry import get as get_fault
 from chaos.faults.registry import register
 from chaos.workload.client import Cancel
 
@@ -146,6 +150,25 @@ class CancelFault(Fault):
                               "complete (the fault's evidence)")
 
     @classmethod
+    def default_trigger_beside(cls, params: FaultParams, beside: Sequence[FaultParams] = ()) -> DefaultTrigger:
+        """Beside a fault that holds LMCache's answers (a slowed or cut link of LMCache's path, a
+        frozen LMCache or Redis: ``Fault.holds_lmcache_answers``), a cancel that names no state
+        aims at the requests' LMCache calls, the window of field report F9 (an abort between the
+        lookup and the load): its default trigger is then an abort the engine says landed while
+        the request's lookup or load was in flight (evidence ``landed_in_lmcache_call``; needs
+        the engine's request view). An abort that landed in decode after a fast lookup never
+        reached that window: the run is inconclusive, not passed. ``mode: at_state`` aims
+        exactly and keeps its own default."""
+        if getattr(params, "mode", None) != "at_state":
+            holders = sorted({b.kind for b in beside if get_fault(b.kind).holds_lmcache_answers(b)})
+            if holders:
+                return DefaultTrigger(
+                    "evidence", "an abort landed while the request's LMCache lookup or load was in flight, as "
+                    f"the engine reports (a cancel beside {', '.join(holders)}, which hold LMCache's answers)",
+                    needs=frozenset({"engine.debug_state"}), evidence_field="landed_in_lmcache_call")
+        return cls.default_trigger(params)
+
+    @classmethod
     def capability_needs(cls, params: FaultParams) -> set[str]:
         """``mode: at_state`` needs the engine to report request states (the reference engine's
         ``GET /debug/requests/{id}``, part of its debug state); the other modes need nothing."""
@@ -196,11 +219,11 @@ class CancelFault(Fault):
                 return Cancel(at_state=p.state)
             if mode == "random":
                 if plan.stream and ctx.rng.random() < 0.5:
-                    return Cancel(after_first_token=True)
-                return Cancel(after_ms=ctx.rng.uniform(0.0, p.after_ms))
+                    return Cancel(after_first_token=True, report_landing=True)
+                return Cancel(after_ms=ctx.rng.uniform(0.0, p.after_ms), report_landing=True)
         if mode == "after_first_token" and plan.stream:
-            return Cancel(after_first_token=True)
-        return Cancel(after_ms=p.after_ms)
+            return Cancel(after_first_token=True, report_landing=True)
+        return Cancel(after_ms=p.after_ms, report_landing=True)
 
     def evidence(self, ctx: FaultContext) -> dict[str, Any]:
         """Bit when the history holds at least one request aborted on purpose that was invoked
@@ -232,6 +255,9 @@ class CancelFault(Fault):
                                      f"({len(seen['never_reached'])} never entered it, "
                                      f"{len(seen['unlanded'])} ended before the abort arrived)")
             return out
+        seen = landings(ctx.history.ops, [r for r in self._picked])
+        out.update({"landed": seen["landed"], "unlanded": len(seen["unlanded"]),
+                    "landed_in_lmcache_call": sum(seen["landed"].get(s, 0) for s in ("lookup", "load"))})
         if not ids:
             out["reason"] = ("no request started while the window was open" if not self._seen
                              else f"no request was picked (probability {self.params.probability:g})"

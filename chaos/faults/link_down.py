@@ -6,7 +6,7 @@ import time
 from typing import Any, Literal
 
 from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
-from chaos.faults.network import LinkParams, LinkWindow, jsonable, require_proxy
+from chaos.faults.network import LinkParams, LinkWindow, jsonable, on_lmcache_path, require_proxy
 from chaos.faults.registry import register
 
 
@@ -39,6 +39,11 @@ class LinkDown(Fault):
         """A request of the workload was in flight while the link was down."""
         return DefaultTrigger("requests_in_place", "a request of the workload was in flight while the link "
                               "was down")
+
+    @classmethod
+    def holds_lmcache_answers(cls, params: FaultParams) -> bool:
+        """True on a link of LMCache's path: the engine's calls across it wait or fail."""
+        return on_lmcache_path(params)
 
     def __init__(self, params: LinkDownParams) -> None:
         super().__init__(params)

@@ -50,7 +50,7 @@ from pydantic import Field
 
 from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 
-__all__ = ["LinkParams", "ToxicParams", "ToxicFault", "LinkWindow", "require_proxy", "acted_on", "received_bytes",
+__all__ = ["LinkParams", "ToxicParams", "ToxicFault", "LinkWindow", "on_lmcache_path", "require_proxy", "acted_on", "received_bytes",
            "link_effects", "jsonable", "BLOCKING_TOXICS", "blocker_removed"]
 
 #: Toxic types that keep data from the toxics after them in the chain (Toxiproxy 2.9.0:
@@ -154,6 +154,13 @@ def jsonable(obj: Any) -> Any:
     """The client's pydantic answer (Toxic/Proxy) as plain JSON data for the history."""
     dump = getattr(obj, "model_dump", None)
     return dump(mode="json") if callable(dump) else obj
+
+
+def on_lmcache_path(params: FaultParams) -> bool:
+    """Whether the link ``params`` names is on the engine's path to LMCache or its L2 tiers: the
+    stacks name those links after LMCache (``engine-lmcache``, ``lmcache-redis``; compose/*.yml
+    ``x-kvchaos.links``)."""
+    return "lmcache" in str(getattr(params, "link", ""))
 
 
 class LinkWindow:
@@ -379,6 +386,12 @@ class ToxicFault(Fault):
         traffic crossed the link then), so it met the toxic, not only heartbeats did."""
         return DefaultTrigger("requests_in_place", "a request of the workload was in flight while the toxic "
                               "was on the link (and, as its evidence shows, traffic crossed it)")
+
+    @classmethod
+    def holds_lmcache_answers(cls, params: FaultParams) -> bool:
+        """True on a link of LMCache's path (named after it: ``engine-lmcache``,
+        ``lmcache-redis``): a toxic there keeps a lookup or load in flight longer."""
+        return on_lmcache_path(params)
 
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)

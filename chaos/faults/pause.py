@@ -95,6 +95,12 @@ class Pause(Fault):
         return DefaultTrigger("requests_in_place", "a request of the workload was in flight while the "
                               "service was frozen, so its clients met the freeze")
 
+    @classmethod
+    def holds_lmcache_answers(cls, params: FaultParams) -> bool:
+        """True for LMCache and its L2 services (a frozen server answers nothing; a frozen Redis
+        holds LMCache's prefetch, so its lookups), False for an engine."""
+        return not str(getattr(params, "service", "")).startswith("engine")
+
     def __init__(self, params: FaultParams) -> None:
         super().__init__(params)
         self._applied = False

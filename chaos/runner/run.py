@@ -34,7 +34,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from chaos.checks.result import CheckResult
 from chaos.checks.snapshots import ServiceExit as SnapshotExit
 from chaos.checks.snapshots import Snapshots
 from chaos.faults import registry as fault_registry
-from chaos.faults.base import Fault, FaultContext
+from chaos.faults.base import Fault, FaultContext, FaultParams
 from chaos import interrupts
 from chaos.history import HistoryWriter
 from chaos.interrupts import RunInterrupted
@@ -140,8 +140,10 @@ class Nemesis:
                                        "within_s": within.s, "since_phase": ref, "took_s": took})
         self.history.append("nemesis", "ok", "phase", phase=phase.name, value={"event": "end"})
 
-    def apply(self, fault: Fault, phase: str) -> None:
-        """Apply ``fault`` now (blocking); records invoke, then ok or fail."""
+    def apply(self, fault: Fault, phase: str, beside: Sequence[FaultParams] = ()) -> None:
+        """Apply ``fault`` now (blocking); records invoke, then ok or fail. ``beside``: the
+        params of the phase's other faults (a kind's default trigger may depend on them:
+        ``Fault.default_trigger_beside``)."""
         p = fault.params
         params = p.model_dump(mode="json")
         stack_env = {k: v for k, v in (getattr(self.ctx.stack, "env", None) or {}).items()
@@ -151,7 +153,7 @@ class Nemesis:
         entry = AppliedFault(fault, phase, watch=self.watch(p.conditions))
         self.applied.append(entry)
         default = ({} if p.conditions or p.window_unproven
-                   else {"default_trigger": type(fault).default_trigger(p).as_record(p.kind)})
+                   else {"default_trigger": type(fault).default_trigger_beside(p, beside).as_record(p.kind)})
         self.history.append("nemesis", "invoke", "apply", phase=phase, fault_id=fault.id,
                             value={"kind": p.kind, "params": params, **default})
         if entry.watch is not None:
@@ -266,6 +268,9 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     loop_t0 = time.monotonic()
     nemesis.phase_started(phase.name)
     faults = [fault_registry.build_fault(p) for p in phase.faults]
+
+    def beside_of(fault: Fault) -> list[FaultParams]:
+        return [q.params for q in faults if q is not fault]
     watch = nemesis.watch(phase.conditions)
     if watch is not None:
         await asyncio.to_thread(watch.begin)
@@ -285,7 +290,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
         holding[0] += 1
         gate.clear()
         try:
-            await asyncio.to_thread(nemesis.apply, fault, phase.name)
+            await asyncio.to_thread(nemesis.apply, fault, phase.name, beside_of(fault))
         finally:
             in_place_at[id(fault)] = time.monotonic()
             holding[0] -= 1
@@ -304,7 +309,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
             if p.hold_requests:
                 await apply_holding(fault)
             else:
-                await asyncio.to_thread(nemesis.apply, fault, phase.name)
+                await asyncio.to_thread(nemesis.apply, fault, phase.name, beside_of(fault))
         if p.hold_requests and heal_at is not None:
             # Held: its `duration` counts from when it is in place, so the requests it held
             # meet it for that long however late the apply landed.
@@ -321,7 +326,7 @@ async def _run_phase(scenario: Scenario, phase: Phase, nemesis: Nemesis, client:
     tasks: list[asyncio.Task] = []
     try:
         for f in first:  # in place before the first request is sent
-            await asyncio.to_thread(nemesis.apply, f, phase.name)
+            await asyncio.to_thread(nemesis.apply, f, phase.name, beside_of(f))
             in_place_at[id(f)] = time.monotonic()
         tasks = [asyncio.create_task(fault_timeline(f, f in first)) for f in faults]
         if conversations:

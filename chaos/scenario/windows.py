@@ -75,7 +75,8 @@ def window_warnings(scenario: Scenario, capabilities: set[str] | None = None) ->
                 continue
             if fault.conditions:
                 continue
-            default = fault_registry.get(fault.kind).default_trigger(fault)
+            default = fault_registry.get(fault.kind).default_trigger_beside(
+                fault, [q for q in phase.faults if q is not fault])
             hint = "declare a `trigger` that this stack can see, or `trigger: none` with a `reason`"
             if capabilities is not None:
                 lacking = sorted(n for n in default.needs if not _need_met(n, capabilities))

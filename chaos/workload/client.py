@@ -66,6 +66,9 @@ class Cancel:
     after_first_token: bool = False
     after_ms: float | None = None
     at_state: str | None = None
+    #: after a timed abort (first token, ``after_ms``), ask the engine where it landed, as for
+    #: ``at_state`` (``outcome.cancel``: ``{"timed": True, "reached": True, "landed_in", ...}``)
+    report_landing: bool = False
 
 
 #: How long to wait for an engine's stage watch to answer its first line, and for the engine to
@@ -270,8 +273,12 @@ class CompletionClient:
                 aborted=by_cancel,
                 error="aborted by client after %g ms" % cancel.after_ms if by_cancel and cancel else "deadline exceeded",
             )
+            if by_cancel and cancel is not None and cancel.report_landing:
+                outcome.cancel = await self._timed_landing(req)
         except _Abort:
             outcome = state.outcome("info", aborted=True, error="aborted by client after the first token")
+            if cancel is not None and cancel.report_landing:
+                outcome.cancel = await self._timed_landing(req)
         except asyncio.CancelledError:
             outcome = state.outcome("info", aborted=True, error="cancelled by the runner")
             outcome.prompt_len = len(req.prompt_token_ids)
@@ -371,13 +378,25 @@ class CompletionClient:
         except asyncio.TimeoutError:
             return state.outcome("info", error="deadline exceeded")
 
+    async def _timed_landing(self, req: CompletionRequest) -> dict[str, Any]:
+        """Where a timed abort (first token, ``after_ms``) of ``req`` landed, in the shape of an
+        ``at_state`` cancel's record: ``{"timed": True, "reached": True, "landed_in",
+        "handled_in"[, "reason"]}``."""
+        url = f"{self.base_url}/debug/requests/{req.request_id}"
+        return {"timed": True, "reached": True, **await self._abort_landing(url)}
+
     async def _abort_landing(self, url: str) -> dict[str, Any]:
         """Where the engine says our abort landed: ``{"landed_in", "handled_in"}`` (None when it
-        never recorded one within ABORT_LANDING_S: the request ended first)."""
+        never recorded one within ABORT_LANDING_S: the request ended first, or at once when the
+        engine has no request view: HTTP 404)."""
         end = time.monotonic() + ABORT_LANDING_S
         while True:
             try:
                 r = await self._client.get(url, timeout=2.0)
+                if r.status_code in (404, 405, 501):
+                    return {"landed_in": None, "handled_in": None,
+                            "reason": f"the engine has no view of this request ({url}: HTTP {r.status_code}: "
+                                      "no such route, or the request never reached it)"}
                 view = r.json() if r.status_code == 200 else {}
             except (httpx.HTTPError, ValueError):
                 view = {}

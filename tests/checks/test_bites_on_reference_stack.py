@@ -5,15 +5,18 @@ stack (about 3-4 minutes here): marked slow.
 
 - clean: hits of stored prefixes pass hit_quality and slo (a 512-token hit is several times
   faster than its recompute); cancels land in `lookup` (held open by a latency toxic) and in
-  `load` (held open by a stall before the retrieve); a 4096-bit flip of every L2 object, read
+  `load` (held open by a stall before the retrieve); a cancel 300 ms after sending, beside a
+  1.5 s latency on the LMCache link, lands in the lookup and reaches its default trigger (issue
+  34: where the aborts landed); a 4096-bit flip of every L2 object, read
   while the fault is active, changes outputs (recompute_equivalence fails, the correct-hit rate
   of that phase drops) with the reads in its evidence.
 - planted bug `hit-plus-one-chunk` and retrieves stalled 4 s: hits still counted, but slower than
   recompute (slo fails: no speedup) and wrong (hit_quality fails on the correct-hit rate); after
   L1 is cleared and the L2 copies deleted, re-sent stored prefixes miss (hit_quality fails).
 - nothing to decide: a first phase where every family is new (no load for a cancel to land in, no
-  stored prefix re-sent, no hit to time), corruption in a phase that sends no request: every
-  verdict is unknown with its reason.
+  stored prefix re-sent, no hit to time), corruption in a phase that sends no request, a cancel
+  after the first token beside a 5 ms latency on the LMCache link (every abort lands after the
+  lookup: its default trigger is not reached): every verdict is unknown with its reason.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ phases:
   - name: cancel-load
     faults:{STALL_RETRIEVES.format(suffix="")}
       - {{kind: cancel, name: cancel-in-load, mode: at_state, state: load, storm: true, until: end}}
+  - name: cancel-timed             # 300 ms after sending, while lookups take 1.5 s: in the lookup
+    faults:
+      - {{kind: latency, name: slower-lookups, link: engine-lmcache, stream: downstream, latency_ms: 1500, until: end}}
+      - {{kind: cancel, name: cancel-after-300ms, mode: after_ms, after_ms: 300, storm: true, until: end}}
   - name: evict
     requests: 0
     faults:{CLEAR_L1.format(suffix="")}
@@ -124,6 +131,10 @@ phases:
     requests: 0
     faults:
       - {{kind: l2_corrupt, name: flip-unread, mode: bitflip, bits: 64, target: both, duration: 300ms}}
+  - name: cancel-late              # the held-back class: lookups done long before the abort
+    faults:
+      - {{kind: latency, name: slight-latency, link: engine-lmcache, stream: downstream, latency_ms: 5, until: end}}
+      - {{kind: cancel, name: cancel-after-first-token, mode: after_first_token, storm: true, until: end}}
 checks:
   hit_quality: {{phases: [first], stored_prefix_full_hit: true}}
   slo: {{phases: [first], hit_speedup: {{}}}}
@@ -159,6 +170,10 @@ def _check(result, name):
     return next(c for c in result.checks if c.name == name)
 
 
+def _evidence_row(result, fid):
+    return next(row for row in _check(result, "evidence").details["faults"] if row["fault_id"] == fid)
+
+
 def _fault(result, fid):
     return next(f for f in result.faults if f.fault_id == fid)
 
@@ -182,6 +197,17 @@ def test_cancels_land_in_the_state_they_aim_at(runs):
     assert lookup.bit and lookup.evidence["landed"].get("lookup", 0) >= 1, lookup.evidence
     assert load.bit and load.evidence["landed"].get("load", 0) >= 1, load.evidence
     assert _check(r, "leaks").verdict == "passed", _check(r, "leaks").summary  # aborted lookups freed
+
+
+def test_a_timed_cancel_beside_a_slowed_lmcache_link_is_proven_by_where_it_landed(runs):
+    """Issue 34's held-back class, the reached side: no at_state, so its default trigger (beside
+    a latency fault on the LMCache link) is an abort the engine located in the lookup or load."""
+    r = runs["bites-clean"]
+    cancel = _fault(r, "cancel-after-300ms")
+    assert cancel.bit and cancel.evidence["landed_in_lmcache_call"] >= 1, cancel.evidence
+    row = _evidence_row(r, "cancel-after-300ms")
+    assert row["default_trigger"]["text"].startswith("an abort landed while the request's LMCache lookup")
+    assert row["trigger_reached"] is True, row
 
 
 def test_a_wide_bitflip_read_while_active_changes_outputs(runs):
@@ -217,3 +243,10 @@ def test_nothing_to_decide_is_unknown(runs):
     hq, slo = _check(r, "hit_quality"), _check(r, "slo")
     assert hq.verdict == "unknown" and "no request re-sent a prefix stored earlier" in hq.summary
     assert slo.verdict == "unknown" and "too few samples" in slo.summary
+    # aborted after the first token, long after a 5 ms-slower lookup: the cancel bit, but no
+    # abort landed in an LMCache call, so its default trigger beside the latency is not reached
+    late = _fault(r, "cancel-after-first-token")
+    assert late.bit and late.evidence["landed_in_lmcache_call"] == 0, late.evidence
+    assert set(late.evidence["landed"]) <= {"prefill", "decode"}, late.evidence
+    row = _evidence_row(r, "cancel-after-first-token")
+    assert row["trigger_reached"] is False and "landed_in_lmcache_call=0" in row["problem"], row

@@ -174,7 +174,7 @@ def test_cancel_for_outside_the_window_is_none():
     plan = plan_phase(sc.workload, sc.seed, "p", 1)[0].turns[0]
     assert flt.cancel_for(plan, ctx) is None
     flt.apply(ctx)
-    assert flt.cancel_for(plan, ctx) == Cancel(after_ms=10)
+    assert flt.cancel_for(plan, ctx) == Cancel(after_ms=10, report_landing=True)
     flt.heal(ctx)
     assert flt.cancel_for(plan, ctx) is None
 
@@ -186,27 +186,32 @@ def test_picked_requests_that_finish_first_did_not_bite(engine_url):
     assert ev["bit"] is False and ev["picked"] == 8 and "finished first" in ev["reason"]
 
 
-def _at_state_evidence(landings: list[dict | None]):
-    """The at_state fault's evidence after requests whose cancel went as ``landings`` say
-    (a dict: the ``cancel`` value the client recorded; None: the request ended normally)."""
+def _evidence_after(fault: dict, cancels: list[dict | None]):
+    """The evidence of a storm cancel ``fault`` after requests whose cancel went as ``cancels``
+    say (a dict: the ``cancel`` value the client recorded; None: the request ended normally)."""
     sc = Scenario.model_validate(
-        {"name": "t", "stack": "s.yml", "workload": {"requests": len(landings), "stream": True},
-         "phases": [{"name": "p", "faults": [{"kind": "cancel", "mode": "at_state", "state": "load",
-                                              "storm": True, "until": "end"}]}],
+        {"name": "t", "stack": "s.yml", "workload": {"requests": len(cancels), "stream": True},
+         "phases": [{"name": "p", "faults": [{"kind": "cancel", "storm": True, "until": "end", **fault}]}],
          "checks": {"evidence": {}}}, context={"check_paths": False})
     flt = build_fault(sc.phases[0].faults[0])
     history = HistoryWriter(None)
     ctx = FaultContext(history=history)
     flt.apply(ctx)
-    for conv, cancel in zip(plan_phase(sc.workload, 0, "p"), landings):
+    for conv, cancel in zip(plan_phase(sc.workload, 0, "p"), cancels):
         plan = conv.turns[0]
-        assert flt.cancel_for(plan, ctx) == Cancel(at_state="load")
+        assert flt.cancel_for(plan, ctx) is not None
         history.append("client-0", "invoke", "complete", phase="p", request_id=plan.request_id, value={})
         aborted = bool(cancel and cancel.get("reached"))
         history.append("client-0", "info" if aborted else "ok", "complete", phase="p", request_id=plan.request_id,
-                       value={"aborted": aborted, "cancel": {"at_state": "load", **(cancel or {"reached": False})}})
+                       value={"aborted": aborted, "cancel": cancel or {"reached": False}})
     flt.heal(ctx)
     return flt.evidence(ctx)
+
+
+def _at_state_evidence(landings: list[dict | None]):
+    """The at_state (load) fault's evidence after requests whose cancel went as ``landings`` say."""
+    return _evidence_after({"mode": "at_state", "state": "load"},
+                           [None if c is None else {"at_state": "load", **c} for c in landings])
 
 
 def test_at_state_counts_only_aborts_that_landed_in_the_state():
@@ -230,3 +235,69 @@ def test_at_state_needs_a_state():
         Scenario.model_validate({"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [
             {"kind": "cancel", "mode": "at_state", "until": "end"}]}], "checks": {"evidence": {}}},
             context={"check_paths": False})
+
+
+def test_timed_aborts_ask_where_they_landed_and_an_engine_without_a_view_answers_at_once(engine_url):
+    # the slow engine has no request view (HTTP 501 to GET): each abort is "not located", at once
+    t0 = time.monotonic()
+    ops, _flt, healed = run_window(engine_url, scenario(False, mode="after_ms", after_ms=50), before=0, after=0)
+    inside = outcomes(ops, "p")
+    assert inside and all(o.value["cancel"]["timed"] and o.value["cancel"]["landed_in"] is None
+                          and "no view of this request" in o.value["cancel"]["reason"] for o in inside)
+    assert time.monotonic() - t0 < 5  # not ABORT_LANDING_S per request
+    ev = healed["evidence"]
+    assert ev["bit"] is True and ev["landed"] == {} and ev["landed_in_lmcache_call"] == 0 and ev["unlanded"] == 8
+
+
+def _params(fault: dict):
+    sc = Scenario.model_validate(
+        {"name": "t", "stack": "s.yml", "phases": [{"name": "p", "faults": [{"until": "end", **fault}]}],
+         "checks": {"evidence": {}}}, context={"check_paths": False})
+    return sc.phases[0].faults[0]
+
+
+@pytest.mark.parametrize("holder", [
+    {"kind": "latency", "link": "engine-lmcache", "latency_ms": 300},
+    {"kind": "timeout", "link": "lmcache-redis", "timeout_ms": 0},
+    {"kind": "link_down", "link": "engine-lmcache"},
+    {"kind": "pause", "service": "lmcache"},
+    {"kind": "pause", "service": "redis"},
+])
+def test_a_cancel_beside_a_fault_that_holds_lmcache_aims_at_its_calls(holder):
+    from chaos.faults.cancel import CancelFault
+
+    for mode in ({"mode": "after_ms", "after_ms": 300}, {"mode": "after_first_token"}, {"mode": "random"}):
+        d = CancelFault.default_trigger_beside(_params({"kind": "cancel", **mode}), [_params(holder)])
+        assert d.evidence_field == "landed_in_lmcache_call" and d.needs == {"engine.debug_state"}, (mode, d)
+        assert holder["kind"] in d.text
+    # aimed at a state: its own default, whatever is beside it
+    d = CancelFault.default_trigger_beside(_params({"kind": "cancel", "mode": "at_state", "state": "decode"}),
+                                           [_params(holder)])
+    assert d.evidence_field is None and "landed in state decode" in d.text
+
+
+@pytest.mark.parametrize("other", [
+    None,
+    {"kind": "pause", "service": "engine"},
+    {"kind": "latency", "link": "client-engine", "latency_ms": 300},
+    {"kind": "l2_corrupt", "mode": "delete", "target": "redis"},
+])
+def test_a_cancel_beside_nothing_that_holds_lmcache_keeps_the_plain_default(other):
+    from chaos.faults.cancel import CancelFault
+
+    params = _params({"kind": "cancel", "mode": "after_ms", "after_ms": 300})
+    d = CancelFault.default_trigger_beside(params, [] if other is None else [_params(other)])
+    assert d == CancelFault.default_trigger(params) and d.evidence_field is None
+
+
+def _timed_evidence(landed_in: list[str | None]):
+    """The evidence of a cancel ``after_ms`` whose aborts the engine located as ``landed_in``."""
+    return _evidence_after({"mode": "after_ms", "after_ms": 300},
+                           [{"timed": True, "reached": True, "landed_in": w} for w in landed_in])
+
+
+def test_timed_aborts_that_landed_after_the_lmcache_calls_did_not_reach_them():
+    ev = _timed_evidence(["decode", "prefill", None])
+    assert ev["bit"] is True and ev["landed"] == {"decode": 1, "prefill": 1} and ev["landed_in_lmcache_call"] == 0
+    ev = _timed_evidence(["lookup", "decode", "load"])
+    assert ev["landed_in_lmcache_call"] == 2

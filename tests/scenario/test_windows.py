@@ -180,3 +180,24 @@ def test_an_l1_flush_after_l2_fault_inject_is_warned_about(write_as):
            "l2_fault_inject 'l2_fault_inject-0'" in out, out
     code, out = _validate(write_as(text.replace("tiers: [l1]", "tiers: [redis]")))
     assert code == 0 and "comes after l2_fault_inject" not in out, out
+
+
+def test_a_cancel_beside_a_slowed_lmcache_link_needs_the_engine_to_locate_its_aborts(write_as):
+    """The held-back class of issue 34: clients cancel 300 ms after sending while a latency
+    fault slows the LMCache link. Its window is an abort that lands in a pending lookup or load,
+    which only the engine's request view can show: on a stack without it (vLLM) validate says
+    the run will be inconclusive; on one with it, no warning."""
+    text = PROVEN.replace("""        duration: 1m30s
+""", """        duration: 1m30s
+      - kind: cancel
+        mode: after_ms
+        after_ms: 300
+        until: end
+""")
+    scenario = load_scenario(write_as(text))
+    (warning,) = window_warnings(scenario, set())
+    assert warning[0] == ("phases", 1, "faults", 1)
+    assert ("its default trigger (an abort landed while the request's LMCache lookup or load was in flight, "
+            "as the engine reports (a cancel beside latency") in warning[1]
+    assert "needs engine.debug_state, which the stack does not offer: the run will be inconclusive" in warning[1]
+    assert window_warnings(scenario, {"engine.debug_state"}) == []
