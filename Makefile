@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
+.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare test-real-compose nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
 
 setup:
 	bash scripts/setup.sh
@@ -58,30 +58,31 @@ image: setup
 demo: setup
 	$(KVCHAOS) run $(SUITE)
 
-## Every test: unit and integration (real LMCache, Redis, proxy, Docker) over TEST_JOBS
-## pytest-xdist workers (a test file stays on one worker, so module-scoped stacks are started
-## once), then the catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own
-## stacks) beside the network-fault scenarios with the real Toxiproxy, then their comparison and
-## the network suite under --backend compose, then `make explore-smoke` beside the vLLM set-up,
-## then the vLLM tier (`make vllm-tier`: the real
-## vLLM CPU stack, one stack at a time, alone on the machine). Each stage prints its wall time.
-## The whole real-proxy catalogue, the tests marked nightly (loaded-host reruns) and `make
-## test-loaded` are in `make nightly`; the vLLM zoo is `kvchaos zoo --stack compose/vllm-cpu.yml`.
+## Every test, in timed stages: the reference stack's image beside the vLLM set-up (.venv-vllm);
+## unit and integration tests (real LMCache, Redis, proxy, Docker) over TEST_JOBS pytest-xdist
+## workers (a test file stays on one worker, so module-scoped stacks are started once); the
+## catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own stacks) beside the
+## network-fault scenarios with the real Toxiproxy and the network suite under --backend compose;
+## the real proxy's verdicts held against the bundled run's; `make explore-smoke`; the vLLM tier
+## (`make vllm-tier`: the real vLLM CPU stack, one stack at a time, alone on the machine).
+## The whole real-proxy catalogue, the tests marked nightly (loaded-host reruns), `make fuzz` at
+## acceptance size and `make test-loaded` are in `make nightly`; the vLLM catalogue and zoo are
+## `make vllm-nightly`.
 TEST_JOBS ?= 3
 CHAOS_JOBS ?= 3
-test: setup image
+test: setup
+	@t0=$$(date +%s); \
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse image setup-vllm; \
+	rc=$$?; echo "stage image beside the vLLM set-up (.venv-vllm): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile --durations=25 tests; \
 	rc=$$?; echo "stage non-chaos: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse test-chaos-bundled test-real-network; \
-	rc=$$?; echo "stage catalogue (bundled) beside network suite (real Toxiproxy): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	$(MAKE) --no-print-directory -j3 --output-sync=recurse test-chaos-bundled test-real-network test-real-compose; \
+	rc=$$?; echo "stage catalogue (bundled) beside network suite (real Toxiproxy, local and compose): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory test-real-compare; \
-	rc=$$?; echo "stage compare and compose network suite: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
-	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse explore-smoke setup-vllm; \
-	rc=$$?; echo "stage explore smoke beside the vLLM set-up (.venv-vllm): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
+	$(MAKE) --no-print-directory test-real-compare explore-smoke; \
+	rc=$$?; echo "stage real-proxy comparison, explore smoke: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory vllm-tier; \
 	rc=$$?; echo "stage vLLM tier (real vLLM CPU + LMCache MP connector): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
@@ -102,14 +103,21 @@ else
 	$(PYTEST_CHAOS) -m "chaos and network" --kvchaos-proxy real --kvchaos-report-dir reports/chaos-real --junitxml=reports/junit-chaos-real.xml
 endif
 
-## The real Toxiproxy's verdicts held against the bundled run's, every fault bitten; then the
-## network suite under --backend compose with the real server in a container built from the
-## same binary.
+## The real Toxiproxy's verdicts held against the bundled run's (after test-chaos-bundled and
+## test-real-network), every fault bitten.
 test-real-compare: setup
 ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
 	@$(NO_TOXIPROXY)
 else
 	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real --require-bitten --subset
+endif
+
+## The network suite under --backend compose with the real server in a container built from the
+## same binary.
+test-real-compose: setup image
+ifeq ($(KVCHAOS_TOXIPROXY_BIN),)
+	@$(NO_TOXIPROXY)
+else
 	rm -rf reports/compose-real
 	$(KVCHAOS) run --backend compose --proxy real --report-dir reports/compose-real $(NETWORK_SUITE)
 endif
@@ -126,6 +134,7 @@ else
 	$(PY) -m chaos.report.compare reports/chaos-bundled reports/chaos-real-all --require-bitten
 endif
 	$(PY) -m pytest -q -p no:cacheprovider -m nightly -n $(TEST_JOBS) --dist loadfile tests
+	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory test-loaded
 
 ## One shard of the nightly catalogue work, for a matrix of runners (the nightly workflow's
@@ -198,8 +207,8 @@ zoo-tolerant: setup
 	  echo "exact mode on batch-dependent numerics failed, as it must: the tolerant mode is needed"
 ## A bounded `kvchaos explore` (docs/explore.md): generated scenarios against the reference stack
 ## with a planted engine bug, so that it shows a finding (shrunk, signed, in
-## reports/explore-smoke/<explore-id>/). A few minutes; `make test` runs it beside the vLLM set-up.
-EXPLORE_SMOKE_ARGS ?= --max-runs 3 --budget 5m --shrink-budget 60s --bug hit-plus-one-chunk --seed 55
+## reports/explore-smoke/<explore-id>/), stopping at the first one. A few minutes; in `make test`.
+EXPLORE_SMOKE_ARGS ?= --max-runs 3 --stop-on-finding --budget 5m --shrink-budget 60s --bug hit-plus-one-chunk --seed 55
 explore-smoke: setup
 	rm -rf reports/explore-smoke
 	$(KVCHAOS) explore --stack compose/reference.yml --out reports/explore-smoke $(EXPLORE_SMOKE_ARGS); \
