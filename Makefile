@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare test-real-compose nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
+.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs vllm-nightly image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare test-real-compose nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
 
 setup:
 	bash scripts/setup.sh
@@ -49,6 +49,18 @@ VLLM_TIER_BUGS ?= --bug hit-plus-one-chunk --bug drop-cache-salt
 vllm-tier-bugs: setup-vllm
 	rm -rf reports/vllm-tier-bugs
 	$(KVCHAOS) zoo --stack compose/vllm-cpu.yml $(VLLM_TIER_BUGS) --out reports/vllm-tier-bugs --report-dir reports/vllm-tier-bugs
+
+## Nightly (the nightly workflow's vllm-cpu job): every catalogue and findings scenario that runs
+## on the vLLM CPU stack (`kvchaos list --stack compose/vllm-cpu.yml` names what keeps the others
+## out), on one shared stack, then the vLLM zoo (every planted vLLM-path bug against the scenarios
+## meant to catch it, the clean engine on the same ones). About an hour here.
+VLLM_RUNNABLE = $(KVCHAOS) list --stack compose/vllm-cpu.yml --json | $(PY) -c "import json, sys; print(' '.join(o['file'] for o in map(json.loads, sys.stdin) if o['runnable']))"
+vllm-nightly: setup-vllm
+	rm -rf reports/vllm-nightly
+	@rc=0; \
+	$(KVCHAOS) run --stack compose/vllm-cpu.yml --report-dir reports/vllm-nightly/catalogue $$($(VLLM_RUNNABLE)) || rc=1; \
+	$(KVCHAOS) zoo --stack compose/vllm-cpu.yml --out reports/vllm-nightly/zoo --report-dir reports/vllm-nightly/zoo || rc=1; \
+	echo "vllm-nightly: exit $$rc"; exit $$rc
 
 ## The Docker image of the reference stack for --backend compose (Docker engine, offline base).
 image: setup
