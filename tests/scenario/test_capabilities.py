@@ -284,6 +284,10 @@ def test_a_fault_gated_by_a_capability_is_part_of_the_scenario_only_where_it_app
     assert on_vllm.scenario.phases[1].faults[1].mode == "after_ms"
     # loaded without a stack, both stay (the file as written)
     assert len(load_scenario(path).phases[1].faults) == 3
+    path = REPO / "scenarios" / "retrieve-fail-after-lookup.yaml"
+    assert [f.id for _, _, f in check_scenario(path).scenario.faults()] == ["fail-retrieves"]
+    on_vllm = check_scenario(path, stack=REPO / "compose" / "vllm-cpu.yml")
+    assert [f.id for _, _, f in on_vllm.scenario.faults()] == ["slow-answers", "freeze-after-lookup"]
 
 
 def test_a_fault_gate_must_name_a_known_capability_and_not_both_the_same(tmp_path: Path) -> None:
