@@ -26,6 +26,20 @@ def _err(msg: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+def nothing_to_diagnose(checks) -> str:
+    """What ``kvchaos diagnose`` answers for a run whose failures name no request: a leak (a
+    session, a lock, a running request left after quiesce) is the stack's state, not a
+    request's answer, so there is nothing to replay; the failed checks are named with their
+    summaries, which say what leaked."""
+    failed = [c for c in checks if c.verdict == "failed"]
+    line = "nothing to diagnose: no request failed recompute_equivalence, isolation or hit_quality"
+    if not failed:
+        return line
+    return line + "; failed: " + "; ".join(f"{c.name} ({c.summary})" if c.summary else c.name for c in failed) + (
+        " (a leak is the stack's state after quiesce, not a request's answer: the leaks check names its "
+        "source and field)" if any(c.name == "leaks" for c in failed) else "")
+
+
 def warm_stack(settings, history, before: float, limit: int, say=lambda _m: None,
                until: float | None = None) -> int:
     """Replay, in invoke order and one at a time, the requests the run completed that were
@@ -90,7 +104,7 @@ def diagnose(
     chosen = list(request_ids or []) or [rid for rid, _, _ in failing_requests(result.checks, history,
                                                                                snaps.chunk_size)][:limit]
     if not chosen:
-        typer.echo("nothing to diagnose: no request failed recompute_equivalence, isolation or hit_quality")
+        typer.echo(nothing_to_diagnose(result.checks))
         raise typer.Exit(0)
     say = lambda m: typer.echo(m, err=True)  # noqa: E731
     opts = DiagnoseOptions(limit=limit, budget_s=budget, deadline=deadline)

@@ -273,17 +273,27 @@ def _kv_content(ctx: _Context, model: str, prompt: list[int], salt: str, hashes:
     if ctx.layout is None:
         kv.reason = "; ".join(p for p in ctx.problems if "layout" in p) or "KV layout unknown"
         return kv
-    if ctx.witness is None:
-        kv.reason = "no witness LMCache"
-        return kv
     n_served, served = ctx.reader(ctx.main, model).read(prompt, salt)  # type: ignore[arg-type]
     if served is None:
         kv.reason = f"LMCache holds no chunk of this prompt under cache_salt {salt!r}"
+        if ctx.witness is None:
+            kv.reason += "; no witness LMCache"
+        return kv
+    chunk = ctx.main.chunk_size  # type: ignore[union-attr]
+    if ctx.witness is None:
+        # No clean copy to compare with: LMCache's chunks of the prompt against each other.
+        kv.status, kv.reason = "self_checked", "the stack has no witness LMCache (x-kvchaos.witness)"
+        kv.served_chunks = min(served.shape[0], n_served // chunk)
+        kv.duplicates = [(j, i) for j, i in kvdiff.duplicate_chunks(served[:kv.served_chunks])
+                         if j * chunk < max(claimed, 0)]
+        if kv.duplicates:
+            kv.bad_chunks = [j for j, _ in kv.duplicates]
+            kv.first_bad_chunk, kv.kind = kv.bad_chunks[0], "stale"
+            kv.first_bad_position = kv.first_bad_chunk * chunk
         return kv
     if witness is None:
         kv.reason = "the witness LMCache holds no chunk of this prompt (the twin did not store it)"
         return kv
-    chunk = ctx.main.chunk_size  # type: ignore[union-attr]
     kv.status = "compared"
     for i in range(min(served.shape[0], witness.shape[0], n_served // chunk)):
         kv.chunks.append(kvdiff.compare_chunk(served[i], witness[i], chunk=i, start=i * chunk,
@@ -509,6 +519,8 @@ def diagnose_request(ctx: _Context, rec: RequestRecord, expected: list[int] | No
             d.kv = _kv_content(ctx, model, prompt, served_salt, hashes, claimed, witness)
             if d.kv.status == "compared":
                 length.lmcache_full_tokens = len(d.kv.chunks) * chunk
+            elif d.kv.status == "self_checked":
+                length.lmcache_full_tokens = d.kv.served_chunks * chunk
         except LMCacheReadError as exc:
             d.kv = KVContent(reason=str(exc))
     else:

@@ -114,6 +114,29 @@ def equal_within(a, b, tolerance: float = 0.0) -> bool:
     return bool(((a.float() - bf).abs() <= tol).all())
 
 
+def duplicate_chunks(served) -> list[tuple[int, int]]:
+    """Chunks of one prompt whose KV is bit-identical to an earlier chunk's, a check that needs no
+    witness: under rotary position embedding the cached keys carry their positions, so the KV of
+    two different positions is never equal, whatever the tokens (the same token at another
+    position has another key); an engine or store that wrote one chunk's KV under another's key
+    leaves such a pair.
+
+    Args:
+        served: ``[chunks, 2, num_layers, chunk_size, hidden_dim]`` (LMCache's copy of a prompt).
+
+    Returns:
+        ``[(chunk, earlier chunk it equals)]``, in chunk order, each chunk at most once.
+    """
+    import torch
+
+    out: list[tuple[int, int]] = []
+    for j in range(1, served.shape[0]):
+        i = next((i for i in range(j) if torch.equal(served[j], served[i])), None)
+        if i is not None:
+            out.append((j, i))
+    return out
+
+
 def compare_engine_kv(engine_kv, witness, *, chunk_size: int, loaded: tuple[int, int], hashes: list[str],
                       tolerance: float = 0.0):
     """The KV an engine attends over against the witness's, chunk by chunk.

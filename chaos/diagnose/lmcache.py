@@ -341,10 +341,20 @@ class KVReader:
                              skip_first_n_tokens=0)
             w = self._worker
             w.submit_retrieve_request(rid, op, None, cache_salt=salt)  # type: ignore[union-attr]
-            _, done = w.get_finished(set())  # type: ignore[union-attr]
-            failed = w.get_failed_request_ids()  # type: ignore[union-attr]
-            if rid not in (done or set()) or rid in (failed or set()):
-                raise LMCacheReadError(f"LMCache at {self.url} failed to retrieve {n} tokens")
+            # The retrieve is answered asynchronously (get_finished polls its future): on a busy
+            # server it is not done when submit returns (vLLM stack, 2026-12-06: the server had
+            # logged "Retrieved 512 tokens" while a single poll said not finished).
+            deadline = time.monotonic() + self.mq_timeout_s + 1.0
+            while True:
+                _, done = w.get_finished(set())  # type: ignore[union-attr]
+                if rid in (w.get_failed_request_ids() or set()):  # type: ignore[union-attr]
+                    raise LMCacheReadError(f"LMCache at {self.url} failed to retrieve {n} tokens")
+                if rid in (done or set()):
+                    break
+                if time.monotonic() > deadline:
+                    raise LMCacheReadError(f"LMCache at {self.url} did not finish retrieving {n} tokens in "
+                                           f"{self.mq_timeout_s + 1.0:g}s")
+                time.sleep(0.002)
         finally:
             self._end(rid)
         # [2, blocks, bs, 1, H] per layer -> [chunks, 2, L, chunk, H]

@@ -53,7 +53,10 @@ class Replay(_Model):
         token_ids: the output; None when the replay failed (``error``).
         local_hit_tokens, external_hit_tokens, load_failed_tokens, lookup: what the engine
             reported (``kv_transfer_params.cached_token_stats``; ``usage`` cached tokens count as
-            local when that is all there is).
+            local when that is all there is). ``external_hit_tokens`` is the engine's own count
+            (usage cached tokens less the local hit) where that exceeds the connector's stats.
+        connector_external_tokens: the connector's external figure when the engine counted more
+            (vLLM with a connector that claims more than LMCache loads); None otherwise.
         matches_expected: output equals the twin's (None for the twin itself or on error).
         seconds: wall time of the replay.
     """
@@ -66,6 +69,7 @@ class Replay(_Model):
     external_hit_tokens: int | None = None
     load_failed_tokens: int | None = None
     lookup: str | None = None
+    connector_external_tokens: int | None = None
     matches_expected: bool | None = None
     seconds: float = 0.0
 
@@ -207,11 +211,13 @@ class KVContent(_Model):
     """Step 4: the KV LMCache serves for the prompt against the KV the clean twin stored in the
     witness LMCache, chunk by chunk and layer by layer.
 
-    ``status``: ``compared`` or ``unavailable`` (``reason`` says why: no witness, no layout,
-    nothing stored). ``kind``, ``first_bad_*``: over the chunks within the claimed prefix.
+    ``status``: ``compared``, ``self_checked`` (no witness: LMCache's chunks of the prompt held
+    against each other, ``duplicates``; ``reason`` says why there is no witness) or
+    ``unavailable`` (``reason`` says why: no witness, no layout, nothing stored). ``kind``,
+    ``first_bad_*``: over the chunks within the claimed prefix.
     """
 
-    status: Literal["compared", "unavailable"] = "unavailable"
+    status: Literal["compared", "self_checked", "unavailable"] = "unavailable"
     reason: str | None = None
     model_name: str | None = None
     served_salt: str | None = None
@@ -223,6 +229,8 @@ class KVContent(_Model):
     first_bad_chunk: int | None = None
     first_bad_layer: int | None = None
     first_bad_position: int | None = None
+    served_chunks: int = 0
+    duplicates: list[tuple[int, int]] = Field(default_factory=list)
 
 
 class EngineKV(_Model):

@@ -12,6 +12,10 @@ Rules, first match wins (each writes the lines that decided it):
    and served (off by -N: a lost hit).
 4. ``kv_content``: a chunk inside the claimed prefix differs from the witness (zero, corrupt,
    stale), with its first bad layer and position.
+4a. ``kv_content`` (stale), on a stack without a witness: a chunk inside the claimed prefix that
+   LMCache serves bit-identical to an earlier chunk of the same prompt (KV at two positions is
+   never equal under rotary embedding: one chunk's KV was stored under another's key). Without a
+   witness and without such a pair, LMCache's KV counts as not compared (never as right).
 4b. ``kv_after_load``: LMCache's chunks equal the witness, but the KV the engine attends over
    after the load (its own blocks, where the engine can show them) differs: named by layer, K or
    V, and chunk, or as another chunk's KV (stale or wrong offset).
@@ -118,6 +122,9 @@ def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
                   f"LMCache tokens of {length.prompt_tokens}, but LMCache holds {length.lmcache_prefix_tokens} "
                   f"tokens for this prefix: {length.off_by_name}; tokens past the valid prefix "
                   f"({length.valid_prefix}) were never computed")
+        if fresh is not None and fresh.connector_external_tokens is not None:
+            ev.append(f"length: the engine counted {fresh.hit_tokens} prompt tokens as not computed (its usage "
+                      f"cached_tokens), its connector says LMCache loaded {fresh.connector_external_tokens}")
         if kv.bad_chunks:
             ev.append(f"kv: chunks {kv.bad_chunks} differ from the witness too (stored after the wrong length)")
         return done("prefix_length", length.off_by_name)
@@ -149,7 +156,23 @@ def decide(d: RequestDiagnosis, original: Original) -> RequestDiagnosis:
         if len(kv.bad_chunks) > 1:
             ev.append(f"kv: bad chunks {kv.bad_chunks} (first bad layer over all: {kv.first_bad_layer})")
         return done("kv_content", kv.kind)
+    if kv.status == "self_checked" and kv.duplicates:
+        j, i = kv.duplicates[0]
+        n = kv.served_chunks
+        chunk = length.chunk_size if length else 0
+        ev.append(f"kv: chunk {j} (tokens {j * chunk}-{(j + 1) * chunk - 1}) served from LMCache is bit-identical to "
+                  f"chunk {i}'s (tokens {i * chunk}-{(i + 1) * chunk - 1}): the KV of two positions is never equal "
+                  "(the cached keys carry their rotary positions), so what LMCache holds under chunk "
+                  f"{j}'s key is chunk {i}'s KV")
+        if len(kv.duplicates) > 1:
+            ev.append("kv: chunks " + ", ".join(f"{a} = chunk {b}" for a, b in kv.duplicates)
+                      + f" (of the {n} LMCache serves)")
+        ev.append(f"kv: {kv.reason}: LMCache's chunks of the prompt were held against each other")
+        return done("kv_content", f"chunk {j} holds chunk {i}'s KV (stored under the wrong key)")
     kv_right = kv.status == "compared" and not kv.bad_chunks
+    if kv.status == "self_checked":
+        ev.append(f"kv: not compared ({kv.reason}); the {kv.served_chunks} chunk(s) LMCache serves are pairwise "
+                  "distinct (a check without a witness, not a proof that they are right)")
     if kv_right:
         ev.append(f"kv: the {len(kv.chunks)} chunk(s) LMCache serves for this prompt equal the witness "
                   "(max |delta| 0 within tolerance)")

@@ -103,6 +103,35 @@ class FaultParams(Triggered):
     reason: str | None = reason_field(
         "with `trigger: none`: why nothing can prove that this fault reached the system "
         "under test (required there, not allowed otherwise)")
+    only_with: str | None = Field(
+        default=None, min_length=1,
+        description="this fault is part of the scenario only on stacks that offer this capability "
+        "(chaos/stack/capabilities.py, e.g. engine.debug_state); elsewhere it is left out before the "
+        "run and needs nothing")
+    unless_with: str | None = Field(
+        default=None, min_length=1,
+        description="this fault is part of the scenario only on stacks that do NOT offer this "
+        "capability: the stack-native form of a window another fault of the phase opens with "
+        "`only_with` the same capability")
+
+    def on_stack(self, capabilities: set[str]) -> bool:
+        """True when this fault is part of the scenario on a stack offering ``capabilities``
+        (``only_with`` offered, ``unless_with`` not)."""
+        return ((self.only_with is None or self.only_with in capabilities)
+                and (self.unless_with is None or self.unless_with not in capabilities))
+
+    @model_validator(mode="after")
+    def _known_gates(self) -> FaultParams:
+        from chaos.stack.capabilities import CAPABILITIES, is_known
+
+        for key in ("only_with", "unless_with"):
+            cap = getattr(self, key)
+            if cap is not None and not is_known(cap):
+                raise ValueError(f"{key}: unknown capability {cap!r}; known: " + ", ".join(sorted(CAPABILITIES))
+                                 + ", var:NAME")
+        if self.only_with is not None and self.only_with == self.unless_with:
+            raise ValueError("`only_with` and `unless_with` name the same capability: the fault would never run")
+        return self
 
     @model_validator(mode="after")
     def _duration_or_until(self) -> FaultParams:

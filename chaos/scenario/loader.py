@@ -329,19 +329,43 @@ def check_scenario(path: str | Path, *, stack: Path | None = None, require_comma
         check.scenario = None
     if check.scenario is not None and stack is not None:
         check.scenario.stack = stack_file
-    check.warnings += _window_warnings(file, locator, check.scenario, spec.capabilities())
+    caps = spec.capabilities()
+    off = set() if check.scenario is None else {("phases", p, "faults", f) for p, f, fault in check.scenario.faults()
+                                                 if not fault.on_stack(caps)}
+    check.warnings += [w for w in _window_warnings(file, locator, check.scenario, caps, skip=off)]
+    if check.scenario is not None:
+        drop_off_stack_faults(check.scenario, caps)
     return check
 
 
+def drop_off_stack_faults(scenario: Scenario, capabilities: set[str]) -> list[str]:
+    """Leave out (in place) the faults that are not part of the scenario on a stack offering
+    ``capabilities`` (a fault's ``only_with`` not offered, or its ``unless_with`` offered), so
+    that the runner, the checks and the report see only the faults that run there. Fault
+    names are kept (they were given over all faults of the file).
+
+    Returns:
+        The ids of the faults left out.
+    """
+    left_out: list[str] = []
+    for phase in scenario.phases:
+        keep = [f for f in phase.faults if f.on_stack(capabilities)]
+        left_out += [f.id for f in phase.faults if not f.on_stack(capabilities)]
+        phase.faults = keep
+    return left_out
+
+
 def _window_warnings(file: str, locator: Locator, scenario: Scenario | None,
-                     capabilities: set[str] | None) -> list[ConfigError]:
+                     capabilities: set[str] | None, skip: set[tuple] = frozenset()) -> list[ConfigError]:
     """The faults and phases whose window nothing will prove (chaos/scenario/windows.py), at
-    their lines; none for a scenario that did not validate."""
+    their lines; none for a scenario that did not validate, none for the faults under ``skip``
+    (paths of faults that are not part of the scenario on this stack)."""
     if scenario is None:
         return []
     from chaos.scenario.windows import window_warnings
 
-    return [_problem(file, locator, path, message) for path, message in window_warnings(scenario, capabilities)]
+    return [_problem(file, locator, path, message) for path, message in window_warnings(scenario, capabilities)
+            if tuple(path[:4]) not in skip]
 
 
 def _faults(data: dict, scenario: Scenario | None) -> Iterable[tuple[int, int, Any]]:
@@ -371,6 +395,8 @@ def _stack_problems(file: str, data: dict, locator: Locator, scenario: Scenario 
     out: list[ConfigError] = []
     known = {"link": set(spec.settings.links), "service": set(spec.services)}
     for p, f, fault in _faults(data, scenario):
+        if not fault.on_stack(spec.capabilities()):
+            continue  # not part of the scenario on this stack
         for ref_kind, name in fault.stack_refs().items():
             names = known.get(ref_kind)
             if names is None or name in names:
@@ -434,11 +460,13 @@ def _warnings(path: str | Path, file: str, data: dict, locator: Locator) -> list
 def _trigger_problems(file: str, scenario: Scenario, settings: Any, services: Iterable[str] | None,
                       capabilities: set[str] | None = None) -> list[ConfigError]:
     """The services and URLs every trigger (of faults and phases) names that the stack lacks
-    (chaos/probes.py); conditions that do not apply there (``only_with``) are skipped."""
+    (chaos/probes.py); conditions that do not apply there (``only_with``) and faults that are
+    not part of the scenario there (a fault's ``only_with``/``unless_with``) are skipped."""
     from chaos.probes import trigger_problems
 
     svc = set(services) if services is not None else None
-    owners = [(("phases", p, "faults", f), fault.conditions) for p, f, fault in scenario.faults()]
+    owners = [(("phases", p, "faults", f), fault.conditions) for p, f, fault in scenario.faults()
+              if capabilities is None or fault.on_stack(capabilities)]
     owners += [(("phases", p), phase.conditions) for p, phase in enumerate(scenario.phases)]
     out = []
     for prefix, trigger in owners:

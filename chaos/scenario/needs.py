@@ -38,8 +38,11 @@ class Need:
     path: tuple[str | int, ...]
     capability: str
     who: str
-    #: Only a need on stacks that offer this capability (a trigger condition's ``only_with``).
+    #: Only a need on stacks that offer this capability (a trigger condition's or a fault's
+    #: ``only_with``).
     when: str | None = None
+    #: Only a need on stacks that do not offer this capability (a fault's ``unless_with``).
+    unless: str | None = None
 
 
 def scenario_needs(scenario: Scenario) -> list[Need]:
@@ -57,19 +60,25 @@ def scenario_needs(scenario: Scenario) -> list[Need]:
     for p, f, fault in scenario.faults():
         cls = fault_registry.get(fault.kind)
         for cap in sorted(cls.capability_needs(fault)):
-            out.append(Need(("phases", p, "faults", f), cap, f"fault {fault.id!r} ({fault.kind})"))
-    owners = [(("phases", p, "faults", f, "trigger"), fault.conditions, f"the trigger of fault {fault.id!r}")
-              for p, f, fault in scenario.faults()]
-    owners += [(("phases", p, "trigger"), phase.conditions, f"the trigger of phase {phase.name!r}")
+            out.append(Need(("phases", p, "faults", f), cap, f"fault {fault.id!r} ({fault.kind})",
+                            when=fault.only_with, unless=fault.unless_with))
+    owners = [(("phases", p, "faults", f, "trigger"), fault.conditions, f"the trigger of fault {fault.id!r}",
+               fault.only_with, fault.unless_with) for p, f, fault in scenario.faults()]
+    owners += [(("phases", p, "trigger"), phase.conditions, f"the trigger of phase {phase.name!r}", None, None)
                for p, phase in enumerate(scenario.phases)]
-    for path, conditions, who in owners:
+    for path, conditions, who, gate, unless in owners:
         for i, cond in enumerate(conditions):
             for cap in trigger_needs(cond):
-                out.append(Need(path + (i,), cap, who, when=cond.only_with))
+                # a condition of a gated fault: needed only where both the fault and it apply
+                when = cond.only_with or gate
+                if cond.only_with and gate and cond.only_with != gate:
+                    when = f"{gate}&{cond.only_with}"
+                out.append(Need(path + (i,), cap, who, when=when, unless=unless))
         gates = sorted({c.only_with for c in conditions if c.only_with})
         if conditions and all(c.only_with for c in conditions):
             # No condition would be watched on a stack without any of them: never reached.
-            out.append(Need(path, "|".join(gates), f"{who} (every condition is only_with)"))
+            out.append(Need(path, "|".join(gates), f"{who} (every condition is only_with)", when=gate,
+                            unless=unless))
     for name in scenario.checks.enabled():
         spec = check_registry.get(name)
         for cap in sorted(spec.capability_needs(getattr(scenario.checks, name))):
@@ -117,8 +126,9 @@ def need_met(capability: str, have: set[str]) -> bool:
 
 def missing(needs: list[Need], have: set[str]) -> list[Need]:
     """The needs ``have`` does not meet, in order (a need ``when`` X counts only where ``have``
-    holds X)."""
-    return [n for n in needs if (n.when is None or n.when in have) and not need_met(n.capability, have)]
+    holds X, every one of ``X&Y``; a need ``unless`` X only where it does not)."""
+    return [n for n in needs if (n.when is None or all(w in have for w in n.when.split("&")))
+            and (n.unless is None or n.unless not in have) and not need_met(n.capability, have)]
 
 
 def explain(need: Need) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["BUGS", "CONNECTOR", "METADATA", "ZOO_MAP", "Bug", "install", "patch_module", "patched"]
+__all__ = ["BUGS", "CONNECTOR", "DIAGNOSIS", "METADATA", "ZOO_MAP", "Bug", "install", "patch_module", "patched"]
 
 CONNECTOR = "lmcache.integration.vllm.lmcache_mp_connector"
 METADATA = "lmcache.integration.vllm.lmcache_mp_metadata"
@@ -204,6 +204,20 @@ ZOO_MAP: dict[str, list[str]] = {
     "skip-end-session": ["smoke"],
     "skip-abort-cleanup": ["cancel-storm"],
     "store-wrong-blocks": ["smoke"],
+}
+
+
+#: Planted bug -> the class `kvchaos diagnose` must name for the requests its scenario fails
+#: (chaos/diagnose/verdict.py), or None where the bug fails only the leaks check: a leak is the
+#: stack's state after quiesce, not a request's answer, and diagnose answers "nothing to
+#: diagnose", naming the failed leaks check.
+DIAGNOSIS: dict[str, str | None] = {
+    "hit-plus-one-chunk": "prefix_length",
+    "hit-plus-one-token": "prefix_length",
+    "drop-cache-salt": "key_identity",
+    "skip-end-session": None,
+    "skip-abort-cleanup": None,
+    "store-wrong-blocks": "kv_content",
 }
 
 

@@ -378,3 +378,68 @@ def test_lmcache_client_logs_stay_quiet_and_the_environment_is_restored() -> Non
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "INFO" not in r.stderr and r.stdout.strip() == "None"
+
+
+# --- the vLLM CPU stack: no witness, no engine KV, the engine's claim in usage ---------------
+
+
+def test_duplicate_chunks_name_a_chunk_stored_with_an_earlier_chunks_kv() -> None:
+    from chaos.diagnose.kvdiff import duplicate_chunks
+
+    served = _witness(chunks=4)
+    assert duplicate_chunks(served) == []
+    served[2] = served[0]
+    served[3] = served[0]
+    assert duplicate_chunks(served) == [(2, 0), (3, 0)]
+
+
+def test_without_a_witness_a_duplicated_chunk_is_kv_content_and_none_is_never_right() -> None:
+    """vLLM's planted store-wrong-blocks: chunks 1.. of a store hold chunk 0's KV, and the stack
+    has no witness to compare with; without such a pair the KV is not called right."""
+    ab = ABIsolation(outcome="reproducible", fresh=_replay("fresh", False, 768), bypass=_replay("bypass", True))
+    length = LengthMask(prompt_tokens=800, chunk_size=256, fresh_local=0, fresh_external=768,
+                        lmcache_prefix_tokens=768, valid_prefix=768, off_by=0)
+    kv = KVContent(status="self_checked", reason="the stack has no witness LMCache (x-kvchaos.witness)",
+                   served_chunks=3, duplicates=[(1, 0), (2, 0)], bad_chunks=[1, 2], first_bad_chunk=1, kind="stale")
+    d = decide(_diag(ab=ab, length=length, kv=kv), Original(external=768))
+    assert d.verdict == "kv_content" and d.kind == "chunk 1 holds chunk 0's KV (stored under the wrong key)"
+    assert "tokens 256-511" in d.evidence[0]
+    clean = KVContent(status="self_checked", reason="no witness", served_chunks=3)
+    d = decide(_diag(ab=ab, length=length, kv=clean), Original(external=768))
+    assert d.verdict == "unknown" and any("pairwise distinct" in e for e in d.evidence)
+
+
+def test_a_vllm_answer_gives_token_ids_stats_and_the_engines_own_count() -> None:
+    """vLLM's /v1/completions with return_token_ids, --enable-prompt-tokens-details and LMCache's
+    cached_token_stats (the shape of LMCacheMPConnector.request_finished): a connector claiming
+    one chunk more than LMCache loaded shows in usage, not in the stats."""
+    from chaos.diagnose.replay import read_completion
+
+    data = {"choices": [{"text": "", "token_ids": [5, 6],
+                         "logprobs": {"top_logprobs": [{"token_id:5": -0.1, "token_id:9": -2.0}, None]}}],
+            "usage": {"prompt_tokens": 800, "prompt_tokens_details": {"cached_tokens": 768}},
+            "kv_transfer_params": {"cached_token_stats": {"num_vllm_cached_tokens": 0,
+                                                          "num_lmcache_cached_tokens": 512,
+                                                          "num_lmcache_extra_cached_tokens": 512}}}
+    out = Replay(kind="fresh")
+    tops = read_completion(data, out)
+    assert out.token_ids == [5, 6] and tops == [{5: -0.1, 9: -2.0}, {}]
+    assert (out.local_hit_tokens, out.external_hit_tokens, out.connector_external_tokens) == (0, 768, 512)
+    data["usage"]["prompt_tokens_details"]["cached_tokens"] = 512
+    out = Replay(kind="fresh")
+    read_completion(data, out)
+    assert (out.external_hit_tokens, out.connector_external_tokens) == (512, None)
+
+
+def test_cli_names_a_leak_when_nothing_can_be_diagnosed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from chaos.cli import app
+    from chaos.report.result import build_result
+    from chaos.report.writer import write_report
+
+    leak = CheckResult(name="leaks", verdict="failed", summary="lmcache.active_sessions=24 after quiesce")
+    write_report(tmp_path, build_result(run_id="r", scenario="s", history=[], checks=[leak]), [])
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path)])
+    assert r.exit_code == 0 and "nothing to diagnose" in r.output
+    assert "leaks (lmcache.active_sessions=24 after quiesce)" in r.output and "not a request's answer" in r.output

@@ -268,3 +268,42 @@ def test_cancel_at_state_needs_the_engines_request_states() -> None:
     at = CancelParams(kind="cancel", mode="at_state", state="lookup", until="end")
     assert CancelFault.capability_needs(at) == {"engine.debug_state"}
     assert CancelFault.capability_needs(CancelParams(kind="cancel", mode="after_first_token", duration=1)) == set()
+
+
+def test_a_fault_gated_by_a_capability_is_part_of_the_scenario_only_where_it_applies() -> None:
+    """abort-during-lookup: the reference engine's at_state abort (``only_with:
+    engine.debug_state``) and a client disconnect while the link holds the lookup (``unless_with``
+    the same), for engines without request states: each stack runs exactly one of them, and
+    neither's needs count where it is left out."""
+    path = REPO / "scenarios" / "abort-during-lookup.yaml"
+    on_ref = check_scenario(path)
+    on_vllm = check_scenario(path, stack=REPO / "compose" / "vllm-cpu.yml")
+    assert on_ref.ok and on_vllm.ok, ([str(p) for p in on_ref.problems], [str(p) for p in on_vllm.problems])
+    assert [f.id for _, _, f in on_ref.scenario.faults()] == ["late-lookups", "abort-in-lookup"]
+    assert [f.id for _, _, f in on_vllm.scenario.faults()] == ["late-lookups", "disconnect-in-lookup"]
+    assert on_vllm.scenario.phases[1].faults[1].mode == "after_ms"
+    # loaded without a stack, both stay (the file as written)
+    assert len(load_scenario(path).phases[1].faults) == 3
+    path = REPO / "scenarios" / "retrieve-fail-after-lookup.yaml"
+    assert [f.id for _, _, f in check_scenario(path).scenario.faults()] == ["fail-retrieves"]
+    on_vllm = check_scenario(path, stack=REPO / "compose" / "vllm-cpu.yml")
+    assert [f.id for _, _, f in on_vllm.scenario.faults()] == ["slow-answers", "freeze-after-lookup"]
+
+
+def test_a_fault_gate_must_name_a_known_capability_and_not_both_the_same(tmp_path: Path) -> None:
+    for gate, err in (("only_with: engine.no_such", "only_with: unknown capability 'engine.no_such'"),
+                      ("{only_with: engine.debug_state, unless_with: engine.debug_state}".strip("{}"),
+                       "never run")):
+        path = tmp_path / "g.yaml"
+        path.write_text(textwrap.dedent(f"""\
+            name: g
+            stack: {REPO / 'compose' / 'reference.yml'}
+            phases:
+              - name: p
+                faults:
+                  - {{kind: latency, link: engine-lmcache, latency_ms: 10, until: end, {gate}}}
+            checks: {{liveness: {{}}}}
+            """))
+        with pytest.raises(ConfigError) as exc:
+            load_scenario(path)
+        assert err in str(exc.value), str(exc.value)

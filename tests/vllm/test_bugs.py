@@ -2,12 +2,14 @@
 LMCache's own connector classes, the stack hands the bug to the engine and never to the twin,
 and on the real stack each bug is caught by the scenario meant for it while the clean engine
 passes it (`kvchaos zoo --stack compose/vllm-cpu.yml`: one stack, an engine restart per bug;
-about 20 minutes on 2 cores)."""
+about 20 minutes on 2 cores), and `kvchaos diagnose` names each caught bug's class
+(chaos.vllm.bugs.DIAGNOSIS)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -42,10 +44,22 @@ def test_zoo_on_the_real_vllm_catches_every_planted_bug(tmp_path):
     out = tmp_path / "zoo"
     r = subprocess.run([str(REPO / ".venv/bin/kvchaos"), "zoo", "--stack", str(STACK), "--out", str(out),
                         "--report-dir", str(tmp_path / "runs")], capture_output=True, text=True,
-                       timeout=3600, cwd=REPO)
+                       timeout=3600, cwd=REPO,
+                       # a vLLM replay takes seconds on 2 busy cores: room for 3 requests' diagnoses
+                       env={**os.environ, "KVCHAOS_DIAGNOSE_BUDGET_S": "180"})
     matrix = json.loads((out / "matrix.json").read_text())
     cells = matrix["cells"]
     assert all(c == "passed" for c in cells["clean"].values() if c != "-"), cells["clean"]
     for bug, scenarios in bugs.ZOO_MAP.items():
         assert any(cells[bug][s] == "caught" for s in scenarios), (bug, cells[bug], r.stderr[-2000:])
+    # `kvchaos diagnose` (run on each failed run) names each bug's class, never a wrong one
+    diagnoses = matrix.get("diagnoses") or {}
+    for bug, verdict in bugs.DIAGNOSIS.items():
+        got = [diagnoses.get(bug, {}).get(s) for s in bugs.ZOO_MAP[bug] if cells[bug][s] == "caught"]
+        if verdict is None:  # leaks only: nothing to diagnose
+            assert got and all(g is None for g in got), (bug, got)
+        else:  # every diagnosed request gets the class or an honest "unknown", at least one the class
+            classes = [set(re.findall(r"\b(kv_content|kv_after_load|prefix_length|key_identity|logits_sampling|"
+                                      r"engine_side|unknown)\b", g or "")) for g in got]
+            assert got and all(c and c <= {verdict, "unknown"} and verdict in c for c in classes), (bug, got)
     assert r.returncode == 0, r.stderr[-3000:]
