@@ -1,6 +1,7 @@
 """Signatures of explore's findings: what makes two failures the same one, and which are known.
 
-    failed run ──> (failed check names, diagnosis class, fault kinds of the shrunk file)
+    failed run ──> (failed check names the shrunk file still runs, diagnosis class, fault kinds
+                    of the shrunk file, none when the failure does not need them)
                     e.g. checks=recompute_equivalence | diagnosis=length_mismatch | faults=latency
     xfail scenarios (scenarios/**, the shipped findings) ──> KnownFinding (fault kinds, checks)
     a signature is "known" when a shipped finding has the same fault kinds and every failed
@@ -61,11 +62,26 @@ def diagnosis_class(verdicts: Iterable[str]) -> str:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
 
 
-def signature_of(failed_checks: Iterable[str], diagnosis: str, scenario: Scenario) -> Signature:
+def signature_of(failed_checks: Iterable[str], diagnosis: str, scenario: Scenario, *,
+                 faults_irrelevant: bool = False) -> Signature:
     """The signature of a failure: its failed checks, its diagnosis class, and the fault kinds
-    of ``scenario`` (the shrunk one when the shrink worked, else the one that ran)."""
-    kinds = sorted({f.kind for _p, _i, f in scenario.faults()})
-    return Signature(checks=tuple(sorted(set(failed_checks))), diagnosis=diagnosis, faults=tuple(kinds))
+    of ``scenario`` (the shrunk one when the shrink worked, else the one that ran).
+
+    Only the failed checks ``scenario`` still runs count: a shrunk file keeps the one check it
+    was shrunk on (chaos/shrink), so the other checks the first run failed by the way (a leak
+    or a hit-rate miss beside a wrong output, which depend on the workload and the faults
+    generated) do not split one failure into several signatures. When ``scenario`` runs none of
+    them (not a shrunk file of this failure), all count.
+
+    ``faults_irrelevant``: the failure was shown not to need its faults (the planted bug's
+    control run on the clean engine passed its checks, or the shrunk file failed again with
+    every fault removed); the signature then has no fault kind (``faults=-``), so that shrinks
+    that kept different, unneeded faults give one signature.
+    """
+    failed = set(failed_checks)
+    runs = failed & set(scenario.checks.enabled())
+    kinds = () if faults_irrelevant else tuple(sorted({f.kind for _p, _i, f in scenario.faults()}))
+    return Signature(checks=tuple(sorted(runs or failed)), diagnosis=diagnosis, faults=kinds)
 
 
 @dataclass(frozen=True)
