@@ -503,7 +503,7 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     else:  # no shrunk file: the generated scenario, as it ran, is the reproducer
         shutil.copyfile(row["scenario_file"], target)
         _relink_stack(target, Path(row["scenario_file"]).parent)
-    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs))
+    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs), stack=Path(summary.stack).stem)
     summary.signatures[text] = {
         "signature": text, "checks": list(sig.checks), "diagnosis": sig.diagnosis, "faults": list(sig.faults),
         "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],

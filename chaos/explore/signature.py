@@ -93,12 +93,14 @@ class KnownFinding:
         file: its path.
         faults: its fault kinds, sorted, distinct.
         checks: the checks it runs.
+        stacks: the stacks (file stems) its ``xfail.stacks`` limits it to; None: every stack.
     """
 
     name: str
     file: str
     faults: tuple[str, ...]
     checks: frozenset[str]
+    stacks: tuple[str, ...] | None = None
 
 
 def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
@@ -116,16 +118,21 @@ def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
             if s.xfail is None:
                 continue
             out.append(KnownFinding(name=s.name, file=str(path), faults=tuple(sorted({f.kind for _p, _i, f in s.faults()})),
-                                    checks=frozenset(s.checks.enabled())))
+                                    checks=frozenset(s.checks.enabled()),
+                                    stacks=tuple(s.xfail.stacks) if s.xfail.stacks is not None else None))
     return out
 
 
-def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool) -> KnownFinding | None:
-    """The shipped finding ``sig`` matches (same fault kinds, every failed check one it runs),
-    or None; never one when the run planted engine bugs."""
+def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool,
+                stack: str | None = None) -> KnownFinding | None:
+    """The shipped finding ``sig`` matches (same fault kinds, every failed check one it runs,
+    expected to fail on ``stack``, a stack file's stem: its ``xfail.stacks`` names it or is
+    unset), or None; never one when the run planted engine bugs. ``stack`` None: any stack."""
     if planted_bugs or not sig.checks:
         return None
     for k in known:
+        if stack is not None and k.stacks is not None and stack not in k.stacks:
+            continue
         if k.faults == sig.faults and set(sig.checks) <= k.checks:
             return k
     return None
