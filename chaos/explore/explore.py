@@ -391,7 +391,7 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
     probe: dict[str, Any] = {}
     if stopped is None:
         reproducer = pending if shrink.get("done") and pending.is_file() else Path(row["scenario_file"])
-        sig_checks = signature_of(row["failed_checks"], diag, final).checks
+        sig_checks = signature_of(row["failed_checks"][:1], diag, final).checks
         try:
             if result.engine_bugs:
                 probe = _control(reproducer, sig_checks, pool, opts, run_dir, index, say)
@@ -486,7 +486,9 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     ``probe``: what :func:`_control` or :func:`_without_faults` found (its fields go into a new
     entry; ``faults_irrelevant`` drops the fault kinds from the signature).
     Returns the new signature's entry, None for one seen before."""
-    sig: Signature = signature_of(row["failed_checks"], diag, final,
+    # The finding's check: the run's first failed check, the one its shrink targets (chaos/shrink);
+    # the others it failed by the way are in the entry's failed_checks.
+    sig: Signature = signature_of(row["failed_checks"][:1], diag, final,
                                   faults_irrelevant=bool(probe.get("faults_irrelevant")))
     text = sig.text()
     pre_seen[key] = text
@@ -505,7 +507,8 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
         _relink_stack(target, Path(row["scenario_file"]).parent)
     known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs), stack=Path(summary.stack).stem)
     summary.signatures[text] = {
-        "signature": text, "checks": list(sig.checks), "diagnosis": sig.diagnosis, "faults": list(sig.faults),
+        "signature": text, "checks": list(sig.checks), "failed_checks": list(row["failed_checks"]),
+        "diagnosis": sig.diagnosis, "faults": list(sig.faults),
         "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],
         "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
         "known": known.name if known else None, "known_file": known.file if known else None,
