@@ -20,9 +20,13 @@ server's FREE_LOOKUP_LOCKS handler creates a session for any request id (lmcache
 ``LookupModule.free_lookup_locks``: ``session_manager.get_or_create``), and the adapter's
 ``end_session`` silently skips END_SESSION while a LOOKUP or status query of the request is
 unanswered (it marks the server unhealthy instead). A LOOKUP still unanswered ``mq_timeout``
-after the server answers pings again was lost with the connection (a restarted server never
-got it), so it holds no lock anywhere we can reach: its lock frees are dropped, the adapter's
-stale futures are discarded, and END_SESSION is sent (it never creates a session).
+after the server answers pings again was either lost with the connection (a restarted server
+never got it) or handled and its reply lost on the way back (a link that drops the server's
+replies); QUERY_PREFETCH_STATUS tells which (:meth:`LMCacheConnector.lookup_known`: 0 for a
+request the server does not know, and it creates no session). Lost: it holds no lock anywhere
+we can reach, so its lock frees are dropped. Handled: the server holds its locks, the query
+moved its result to the session, and its lock frees are sent. Either way the adapter's stale
+futures are discarded and END_SESSION is sent (it never creates a session).
 
 The same holds for a retrieve or store that timed out on the client (``mq_timeout``) while the
 server was frozen or its link stalled: the server still has the message and handles it once it
@@ -142,6 +146,9 @@ class LMCacheConnector:
         self._prefetch_queries: dict[str, dict[str, object | None]] = {}
         # Request id -> when a lock free first waited for the request's prefetch.
         self._prefetch_waiting: dict[str, float] = {}
+        # Request id -> (when first asked, server url -> QUERY_PREFETCH_STATUS future) for a
+        # LOOKUP that was never answered: does the server know it (:meth:`lookup_known`)?
+        self._unanswered_probes: dict[str, tuple[float, dict[str, object]]] = {}
         self._transfers_lock = threading.Lock()
         self._stop = threading.Event()
         self._connect_thread: threading.Thread | None = None
@@ -251,6 +258,7 @@ class LMCacheConnector:
             self._lookup_acks.clear()
             self._prefetch_queries.clear()
             self._prefetch_waiting.clear()
+            self._unanswered_probes.clear()
         self._lookup_started.clear()
         log.warning("planted bug no-reconnect: LMCache at %s abandoned for good", self.url)
 
@@ -513,6 +521,61 @@ class LMCacheConnector:
             self._lookup_acks.pop(request_id, None)
             self._prefetch_queries.pop(request_id, None)
             self._prefetch_waiting.pop(request_id, None)
+            self._unanswered_probes.pop(request_id, None)
+
+    def lookup_known(self, request_id: str) -> bool | None:
+        """Whether a server handled the LOOKUP of ``request_id`` whose reply never came
+        (non-blocking; call once per step, while the server is healthy).
+
+        A LOOKUP can reach the server and its reply be lost on the way back (a link that drops
+        or cuts the server's replies: the toxiproxy ``timeout`` or ``reset_peer`` toxic on the
+        downstream stream); the server then runs the prefetch and read-locks the chunks it
+        found, exactly as for an answered one. So before its lock frees are dropped as those
+        of a LOOKUP lost with the connection, each server is asked with QUERY_PREFETCH_STATUS
+        (lmcache ``LookupModule.query_prefetch_status``: None while the prefetch runs, its
+        chunk count once done, and the count moves the result to the session so that a later
+        FREE_LOOKUP_LOCKS releases exactly what it locked; 0 for a request id it does not
+        know). It creates no session for an unknown id.
+
+        Returns:
+            None while a reply is awaited (a query unanswered ``mq_timeout`` after it was first
+            sent counts as 0); True when some server answered a count above 0, or still ran
+            the prefetch ``mq_timeout`` after the first query (its FREE then releases nothing,
+            as for any abandoned prefetch: LMCache's own leak); False when every server
+            answered 0 (it never got the LOOKUP, or it locked nothing).
+        """
+        clients = getattr(self.scheduler, "req_clients", {})
+        now = time.monotonic()
+        with self._transfers_lock:
+            first, futures = self._unanswered_probes.setdefault(request_id, (now, {}))
+        late = now - first >= self.mq_timeout
+        known, waiting = False, False
+        for url, client in clients.items():
+            future = futures.get(url)
+            if future is None:
+                futures[url] = client.query_prefetch_status(request_id)
+                waiting = True
+                continue
+            if not future.query():  # type: ignore[attr-defined]
+                waiting = waiting or not late
+                continue
+            try:
+                reply = future.result(timeout=0)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - a failed query says nothing: ask again
+                futures[url] = client.query_prefetch_status(request_id)
+                waiting = waiting or not late
+                continue
+            if reply is None:  # the server runs the prefetch: it has the LOOKUP
+                if late:
+                    known = True
+                else:
+                    futures[url] = client.query_prefetch_status(request_id)
+                    waiting = True
+            elif reply > 0:
+                known = True
+        if known:
+            return True
+        return None if waiting else False
 
     # ---- transfer RPCs the server may still handle --------------------------------------
     TRACKED_TRANSFERS = ("prepare_retrieve", "commit_retrieve", "prepare_store", "commit_store")
@@ -628,9 +691,18 @@ class LMCacheConnector:
                 if now - since < self.mq_timeout:
                     self._deferred.append((request_id, is_free, send))
                     continue
-                log.warning("LMCache never answered the lookup of %s: it was lost with the "
-                            "connection; dropping its lock frees", request_id)
-                self._lost_lookups.add(request_id)
+                known = self.lookup_known(request_id)
+                if known is None:  # the server is being asked whether it got the LOOKUP
+                    self._deferred.append((request_id, is_free, send))
+                    continue
+                if known:
+                    log.warning("LMCache never answered the lookup of %s, but it handled it "
+                                "(QUERY_PREFETCH_STATUS): its reply was lost on the way back; "
+                                "sending its clean-ups", request_id)
+                else:
+                    log.warning("LMCache never answered the lookup of %s: it was lost with the "
+                                "connection; dropping its lock frees", request_id)
+                    self._lost_lookups.add(request_id)
                 self._forget_lookup_tracking(request_id)
                 self.scheduler.cleanup_lookup_result(request_id)  # type: ignore[union-attr]
             self._replay_waiting.pop(request_id, None)

@@ -385,57 +385,111 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
         except Exception as exc:  # noqa: BLE001 - one finding's shrink must not stop the exploration
             shrink = {"done": False, "error": f"{type(exc).__name__}: {exc}", "seconds": round(time.monotonic() - s0, 1)}
             say(f"[{index}] shrink failed: {shrink['error']}")
+    # Which faults the failure needs: a planted bug's finding is run once more on the clean engine
+    # (the control); a finding of the clean stack whose file still has faults, once more without
+    # them. Either can show that the faults are not needed; the signature then drops them.
+    probe: dict[str, Any] = {}
+    if stopped is None:
+        reproducer = pending if shrink.get("done") and pending.is_file() else Path(row["scenario_file"])
+        sig_checks = signature_of(row["failed_checks"][:1], diag, final).checks
+        try:
+            if result.engine_bugs:
+                probe = _control(reproducer, sig_checks, pool, opts, run_dir, index, say)
+            elif opts.shrink_budget_s > 0 and final.faults() and left() > 0:  # part of the minimising
+                probe = _without_faults(reproducer, sig_checks, pool, opts, run_dir, index, say)
+        except KeyboardInterrupt as exc:
+            stopped = exc
     with interrupts.deferred():
         entry = _sign(summary, opts, index, run_dir, result, row, diag, final, shrink, pending, key, pre_seen,
-                      findings_dir, t0, say)
+                      findings_dir, t0, say, probe)
     if stopped is not None:
         raise stopped
-    if entry is not None and result.engine_bugs:
-        _control(entry, pool, opts, run_dir, say)
 
 
-def _control(entry: dict, pool: Any, opts: ExploreOptions, run_dir: Path, say: Callable[[str], None]) -> None:
-    """A new finding of a run with planted bugs, run once more on the clean engine: the failure
-    is the bug's when the clean engine fails none of its checks (``clean_engine``: the control's
-    outcome, ``attributed_to_bug``)."""
+def _rerun(scenario: Any, label: str, pool: Any, opts: ExploreOptions, run_dir: Path,
+           say: Callable[[str], None]) -> tuple[str, list[str], Path]:
+    """One more run of ``scenario`` on the pool's stack, under ``run_dir/control/``: (its outcome
+    as :func:`classify` gives it, its failed checks, its folder)."""
     from chaos.runner.leaks import restart_dirty
     from chaos.runner.run import run_scenario
-    from chaos.scenario.loader import load_scenario
     from chaos.stack.base import StackError, new_run_id
     from chaos.yamlsource import ConfigError
 
-    clean = load_scenario(entry["scenario"])
-    clean.engine.bugs = []
-    run_id = new_run_id(clean.name + "-clean")
+    run_id = new_run_id(f"{scenario.name}-{label}")
     cdir = run_dir / "control" / run_id
-    say(f"[{entry['first_run_index']}] control: the finding on the clean engine")
     try:
-        stack = pool.acquire(Path(clean.stack), clean.stack_variables(), say=say)
+        stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
         restart_dirty(stack, say)
     except (StackError, ConfigError) as exc:
-        entry["clean_engine"] = f"error: {exc}"
-        entry["attributed_to_bug"] = None
-        return
-    res = run_scenario(clean, stack, cdir, run_id=run_id, timeout_s=opts.timeout_s)
-    pool.release(Path(clean.stack), res)
-    outcome = classify(res)
-    entry["clean_engine"] = outcome
-    entry["clean_engine_failed_checks"] = [c.name for c in res.checks if c.verdict == "failed"]
-    entry["clean_engine_run_dir"] = str(cdir)
+        return f"error: {exc}", [], cdir
+    res = run_scenario(scenario, stack, cdir, run_id=run_id, timeout_s=opts.timeout_s)
+    pool.release(Path(scenario.stack), res)
+    return classify(res), [c.name for c in res.checks if c.verdict == "failed"], cdir
+
+
+def _control(reproducer: Path, checks: tuple[str, ...], pool: Any, opts: ExploreOptions, run_dir: Path,
+             index: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """A new finding of a run with planted bugs, its reproducer run once more on the clean engine:
+    the failure is the bug's when the clean engine fails none of its ``checks``.
+
+    Returns:
+        The entry's fields ``clean_engine`` (the control's outcome), ``clean_engine_failed_checks``,
+        ``clean_engine_run_dir``, ``attributed_to_bug`` (None when the control could not run to its
+        checks) and ``faults_irrelevant`` (``"control"`` when attributed: the failure needs the
+        bug, whatever faults the shrink kept).
+    """
+    from chaos.scenario.loader import load_scenario
+
+    clean = load_scenario(reproducer)
+    clean.engine.bugs = []
+    say(f"[{index}] control: the finding on the clean engine")
+    outcome, failed, cdir = _rerun(clean, "clean", pool, opts, run_dir, say)
+    say(f"[{index}] control on the clean engine: {outcome}")
+    if outcome.startswith("error"):
+        return {"clean_engine": outcome, "clean_engine_failed_checks": failed, "clean_engine_run_dir": str(cdir),
+                "attributed_to_bug": None}
     # The bug's when the clean engine fails none of the finding's checks (its own fault window may
     # go unreached there: a wrong output after a hit does not need the fault); not when it fails
     # one of them; unknown when the control could not run to its checks.
-    same = set(entry["clean_engine_failed_checks"]) & set(entry["checks"])
-    entry["attributed_to_bug"] = None if outcome in ("error", "interrupted") else not same
-    say(f"[{entry['first_run_index']}] control on the clean engine: {outcome}")
+    attributed = None if outcome in ("error", "interrupted") else not (set(failed) & set(checks))
+    return {"clean_engine": outcome, "clean_engine_failed_checks": failed, "clean_engine_run_dir": str(cdir),
+            "attributed_to_bug": attributed, "faults_irrelevant": "control" if attributed else None}
+
+
+def _without_faults(reproducer: Path, checks: tuple[str, ...], pool: Any, opts: ExploreOptions, run_dir: Path,
+                    index: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """A new finding of the clean stack whose reproducer has faults, run once more with every
+    fault removed (and no trigger of its own left to miss).
+
+    Returns:
+        ``without_faults`` (that run's outcome), ``without_faults_failed_checks``,
+        ``without_faults_run_dir`` and ``faults_irrelevant`` (``"no-fault rerun"`` when it failed
+        one of ``checks`` again: the failure is the stack's own, the faults were by the way).
+    """
+    from chaos.scenario.loader import load_scenario
+
+    bare = load_scenario(reproducer)
+    for phase in bare.phases:
+        phase.faults = []
+    say(f"[{index}] the finding once more without its faults")
+    outcome, failed, cdir = _rerun(bare, "nofault", pool, opts, run_dir, say)
+    say(f"[{index}] without its faults: {outcome}")
+    needless = outcome == "failed" and bool(set(failed) & set(checks))
+    return {"without_faults": outcome, "without_faults_failed_checks": failed, "without_faults_run_dir": str(cdir),
+            "faults_irrelevant": "no-fault rerun" if needless else None}
 
 
 def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Path, result: Any, row: dict,
           diag: str, final: Any, shrink: dict, pending: Path, key: tuple, pre_seen: dict[tuple, str],
-          findings_dir: Path, t0: float, say: Callable[[str], None]) -> dict | None:
+          findings_dir: Path, t0: float, say: Callable[[str], None], probe: dict[str, Any]) -> dict | None:
     """Record the signature of a finding (new: its file under findings/; seen: one more count).
+    ``probe``: what :func:`_control` or :func:`_without_faults` found (its fields go into a new
+    entry; ``faults_irrelevant`` drops the fault kinds from the signature).
     Returns the new signature's entry, None for one seen before."""
-    sig: Signature = signature_of(row["failed_checks"], diag, final)
+    # The finding's check: the run's first failed check, the one its shrink targets (chaos/shrink);
+    # the others it failed by the way are in the entry's failed_checks.
+    sig: Signature = signature_of(row["failed_checks"][:1], diag, final,
+                                  faults_irrelevant=bool(probe.get("faults_irrelevant")))
     text = sig.text()
     pre_seen[key] = text
     row["signature"] = text
@@ -451,14 +505,16 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     else:  # no shrunk file: the generated scenario, as it ran, is the reproducer
         shutil.copyfile(row["scenario_file"], target)
         _relink_stack(target, Path(row["scenario_file"]).parent)
-    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs))
+    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs), stack=Path(summary.stack).stem)
     summary.signatures[text] = {
-        "signature": text, "checks": list(sig.checks), "diagnosis": sig.diagnosis, "faults": list(sig.faults),
+        "signature": text, "checks": list(sig.checks), "failed_checks": list(row["failed_checks"]),
+        "diagnosis": sig.diagnosis, "faults": list(sig.faults),
         "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],
         "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
         "known": known.name if known else None, "known_file": known.file if known else None,
         "engine_bugs": list(result.engine_bugs), "runs": [str(run_dir)],
-        "clean_engine": None, "attributed_to_bug": None,
+        "clean_engine": None, "attributed_to_bug": None, "faults_irrelevant": None,
+        "reproducer_faults": sorted({f.kind for _p, _i, f in final.faults()}), **probe,
     }
     say(f"[{index}] new signature: {text}" + (f" (known: {known.name})" if known else "") + f" -> {target}")
     return summary.signatures[text]

@@ -1,6 +1,7 @@
 """Signatures of explore's findings: what makes two failures the same one, and which are known.
 
-    failed run ──> (failed check names, diagnosis class, fault kinds of the shrunk file)
+    failed run ──> (failed check names the shrunk file still runs, diagnosis class, fault kinds
+                    of the shrunk file, none when the failure does not need them)
                     e.g. checks=recompute_equivalence | diagnosis=length_mismatch | faults=latency
     xfail scenarios (scenarios/**, the shipped findings) ──> KnownFinding (fault kinds, checks)
     a signature is "known" when a shipped finding has the same fault kinds and every failed
@@ -61,11 +62,26 @@ def diagnosis_class(verdicts: Iterable[str]) -> str:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
 
 
-def signature_of(failed_checks: Iterable[str], diagnosis: str, scenario: Scenario) -> Signature:
+def signature_of(failed_checks: Iterable[str], diagnosis: str, scenario: Scenario, *,
+                 faults_irrelevant: bool = False) -> Signature:
     """The signature of a failure: its failed checks, its diagnosis class, and the fault kinds
-    of ``scenario`` (the shrunk one when the shrink worked, else the one that ran)."""
-    kinds = sorted({f.kind for _p, _i, f in scenario.faults()})
-    return Signature(checks=tuple(sorted(set(failed_checks))), diagnosis=diagnosis, faults=tuple(kinds))
+    of ``scenario`` (the shrunk one when the shrink worked, else the one that ran).
+
+    Only the failed checks ``scenario`` still runs count: a shrunk file keeps the one check it
+    was shrunk on (chaos/shrink), so the other checks the first run failed by the way (a leak
+    or a hit-rate miss beside a wrong output, which depend on the workload and the faults
+    generated) do not split one failure into several signatures. When ``scenario`` runs none of
+    them (not a shrunk file of this failure), all count.
+
+    ``faults_irrelevant``: the failure was shown not to need its faults (the planted bug's
+    control run on the clean engine passed its checks, or the shrunk file failed again with
+    every fault removed); the signature then has no fault kind (``faults=-``), so that shrinks
+    that kept different, unneeded faults give one signature.
+    """
+    failed = set(failed_checks)
+    runs = failed & set(scenario.checks.enabled())
+    kinds = () if faults_irrelevant else tuple(sorted({f.kind for _p, _i, f in scenario.faults()}))
+    return Signature(checks=tuple(sorted(runs or failed)), diagnosis=diagnosis, faults=kinds)
 
 
 @dataclass(frozen=True)
@@ -77,12 +93,14 @@ class KnownFinding:
         file: its path.
         faults: its fault kinds, sorted, distinct.
         checks: the checks it runs.
+        stacks: the stacks (file stems) its ``xfail.stacks`` limits it to; None: every stack.
     """
 
     name: str
     file: str
     faults: tuple[str, ...]
     checks: frozenset[str]
+    stacks: tuple[str, ...] | None = None
 
 
 def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
@@ -100,16 +118,21 @@ def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
             if s.xfail is None:
                 continue
             out.append(KnownFinding(name=s.name, file=str(path), faults=tuple(sorted({f.kind for _p, _i, f in s.faults()})),
-                                    checks=frozenset(s.checks.enabled())))
+                                    checks=frozenset(s.checks.enabled()),
+                                    stacks=tuple(s.xfail.stacks) if s.xfail.stacks is not None else None))
     return out
 
 
-def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool) -> KnownFinding | None:
-    """The shipped finding ``sig`` matches (same fault kinds, every failed check one it runs),
-    or None; never one when the run planted engine bugs."""
+def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool,
+                stack: str | None = None) -> KnownFinding | None:
+    """The shipped finding ``sig`` matches (same fault kinds, every failed check one it runs,
+    expected to fail on ``stack``, a stack file's stem: its ``xfail.stacks`` names it or is
+    unset), or None; never one when the run planted engine bugs. ``stack`` None: any stack."""
     if planted_bugs or not sig.checks:
         return None
     for k in known:
+        if stack is not None and k.stacks is not None and stack not in k.stacks:
+            continue
         if k.faults == sig.faults and set(sig.checks) <= k.checks:
             return k
     return None

@@ -122,10 +122,49 @@ def test_a_lookup_never_answered_after_the_restart_was_lost_so_its_free_is_dropp
     assert sched.calls == [("lookup", "crash-1-0")]
     time.sleep(MQ_TIMEOUT_S + 0.05)  # a lower bound: a slower host only waits longer
     conn.flush_deferred()
+    # The server is asked whether it got the LOOKUP (QUERY_PREFETCH_STATUS creates no session)
+    assert [rid for rid, _ in client.queries] == ["crash-1-0"]
+    assert sched.calls == [("lookup", "crash-1-0")]
+    client.queries[-1][1].answer(0)  # it does not know the request
+    conn.flush_deferred()
     # Lost with the old connection: nothing of it is locked on the new server, and a FREE
     # there would make a session.
     assert sched.calls == [("lookup", "crash-1-0"), ("end_session", "crash-1-0")]
-    assert client.queries == []
+
+
+def test_a_lookup_whose_reply_was_lost_on_the_way_back_is_freed() -> None:
+    """Input that showed it: `kvchaos explore --seed 1` on the clean reference engine, scenario
+    1-5 (l2_fault_inject, retrieve_fail, timeout), cut by hand to its timeout fault alone
+    (docs/explore.md, "Failures of the clean stack"): a toxiproxy ``timeout`` toxic (500 ms) on
+    the engine-lmcache link's downstream stream while 2 warm 256-token prefixes were re-sent let
+    the LOOKUPs reach LMCache and dropped its replies. The server locked the 2 hit chunks; the engine, its LOOKUPs never
+    answered once the server was healthy again, took them for lost with the connection and
+    dropped their lock frees: ``leaks: lmcache.read_locked_count=2`` after the quiesce, a leak
+    the engine made, not LMCache. Now the server is asked first."""
+    conn, sched, client = make_connector()
+    lookup_given_up_while_down(conn, sched, "cut-0-0")  # its ack never comes
+    sched.is_healthy = True
+    conn.flush_deferred()
+    time.sleep(MQ_TIMEOUT_S + 0.05)
+    conn.flush_deferred()
+    assert sched.calls == [("lookup", "cut-0-0")], "nothing sent before the server answered"
+    client.queries[-1][1].answer(1)  # it handled the LOOKUP: 1 chunk locked, result on the session
+    conn.flush_deferred()
+    assert sched.calls == [("lookup", "cut-0-0"), ("free", "cut-0-0", 0, 1024), ("end_session", "cut-0-0")]
+    assert conn.open_sessions == set() and conn._unanswered_probes == {}
+
+
+def test_a_lookup_whose_status_query_is_never_answered_counts_as_lost() -> None:
+    conn, sched, client = make_connector()
+    lookup_given_up_while_down(conn, sched, "gone-0-0")
+    sched.is_healthy = True
+    conn.flush_deferred()
+    time.sleep(MQ_TIMEOUT_S + 0.05)
+    conn.flush_deferred()  # asks
+    assert sched.calls == [("lookup", "gone-0-0")]
+    time.sleep(MQ_TIMEOUT_S + 0.05)  # no answer to the query either
+    conn.flush_deferred()
+    assert sched.calls == [("lookup", "gone-0-0"), ("end_session", "gone-0-0")]
 
 
 def test_a_prefetch_still_running_after_mq_timeout_gets_its_free_anyway() -> None:

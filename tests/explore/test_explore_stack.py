@@ -35,7 +35,9 @@ def test_explore_finds_a_planted_bug_and_writes_a_shrunk_finding(tmp_path: Path)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["run_count"] == 1 and summary["failed"] == 1 and summary["generator_invalid"] == []
     (sig,) = summary["signatures"]
-    assert "recompute_equivalence" in sig["checks"] and sig["faults"] == ["cancel"]
+    # the control shows the failure needs the bug: the signature drops the cancel the shrink kept
+    assert sig["checks"] == ["recompute_equivalence"] and sig["faults"] == [], sig
+    assert sig["reproducer_faults"] == ["cancel"] and sig["faults_irrelevant"] == "control", sig
     assert sig["count"] == 1 and sig["first_run_index"] == 0 and sig["known"] is None
     assert sig["shrink"]["done"] and sig["shrink"]["verified"] == 1, sig["shrink"]
     # the control run of the finding on the clean engine passes: the failure is the bug's

@@ -71,3 +71,40 @@ def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> 
     assert [r["signature"] for r in written["runs"]] == [sig["signature"]] * 2
     page = (tmp_path / "out" / "index.html").read_text()
     assert sig["signature"] in page and "run 0, after 10.0 s" in page
+
+
+def test_one_planted_bug_two_runs_one_signature(tmp_path: Path) -> None:
+    """Input that showed it: `make explore-smoke` (hit-plus-one-chunk, seed 55) gave two
+    signatures for its one bug: run 0 failed recompute_equivalence (shrunk to no fault), run 1
+    failed recompute_equivalence, isolation and hit_quality with reset_peer + slicer (not shrunk:
+    the budget was spent); the control on the clean engine passed run 0's check and run 1's
+    checks (it failed only leaks). One bug, one signature: the finding's check is the run's first
+    failed one (the shrink's target) and the control shows the faults are not needed."""
+    from chaos.explore.explore import _sign
+
+    offer = stack_offer(REPO / "compose" / "reference.yml")
+    summary = ExploreSummary(explore_id="explore-55-x", folder=tmp_path / "out", stack=str(offer.path), seed=55,
+                             bugs=["hit-plus-one-chunk"], budget_s=60, max_runs=2, started_at="now")
+    opts = ExploreOptions(seed=55, shrink_budget_s=0)
+    pre_seen: dict = {}
+    (tmp_path / "out" / "findings").mkdir(parents=True)
+    runs = [["recompute_equivalence"], ["recompute_equivalence", "isolation", "hit_quality"]]
+    for i, failed in enumerate(runs):
+        data = generate(offer, 55, i)
+        data["engine"] = {"bugs": ["hit-plus-one-chunk"]}
+        path = write_scenario(data, tmp_path / "scenarios")
+        scenario = check_scenario(path).scenario
+        run_dir = tmp_path / "runs" / f"r{i}"
+        run_dir.mkdir(parents=True)
+        checks = [CheckResult(name=n, verdict="failed", summary="x") for n in failed]
+        result = _result(f"r{i}", checks, path, bugs=["hit-plus-one-chunk"])
+        _record(summary, i, path, run_dir, result, 1.0, 10.0 * (i + 1))
+        probe = {"clean_engine": "failed" if i else "passed", "clean_engine_failed_checks": ["leaks"] if i else [],
+                 "attributed_to_bug": True, "faults_irrelevant": "control"}
+        _sign(summary, opts, i, run_dir, result, summary.runs[-1], "prefix_length", scenario, {"done": False},
+              tmp_path / "pending.yaml", (tuple(failed), "prefix_length", ()), pre_seen, tmp_path / "out" / "findings",
+              0.0, lambda _m: None, probe)
+    (sig,) = summary.signatures.values()
+    assert sig["signature"] == "checks=recompute_equivalence | diagnosis=prefix_length | faults=-"
+    assert sig["count"] == 2 and sig["failed_checks"] == ["recompute_equivalence"]
+    assert sig["faults_irrelevant"] == "control" and sig["attributed_to_bug"] is True
