@@ -30,13 +30,14 @@ setup:
 setup-vllm: setup
 	bash scripts/setup-vllm.sh
 
-## The vLLM tier (nightly; not yet in `make test`, whose time budget is measured first): the
-## scenarios that pass on the clean vLLM CPU stack, on one shared stack (a vLLM stack starts in
-## 1-4 minutes here), and lookup-timeout, XFAIL there only (xfail.stacks: LMCache's vLLM
-## connector drops END_SESSION and lock frees after a late LOOKUP,
-## docs/findings/end-session-dropped-on-late-ack.md); then vllm-tier-bugs.
+## The vLLM tier (the last stage of `make test`): the tests of the vLLM stack (tests/vllm, but
+## the zoo's, which `make vllm-nightly` covers), then scenarios that pass on the clean vLLM CPU
+## stack, on one shared stack (a vLLM stack starts in 1-4 minutes here), and lookup-timeout,
+## XFAIL there only (xfail.stacks: LMCache's vLLM connector drops END_SESSION and lock frees
+## after a late LOOKUP, docs/findings/end-session-dropped-on-late-ack.md); then vllm-tier-bugs.
 VLLM_SUITE ?= scenarios/smoke.yaml scenarios/l2-partial-read.yaml scenarios/node-exit-lmcache.yaml scenarios/tenant-isolation.yaml scenarios/preemption.yaml scenarios/lookup-timeout.yaml
 vllm-tier: setup-vllm
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm tests/vllm -k "not zoo"
 	rm -rf reports/vllm-tier
 	$(KVCHAOS) run --stack compose/vllm-cpu.yml --report-dir reports/vllm-tier $(VLLM_SUITE)
 	$(MAKE) vllm-tier-bugs
