@@ -236,9 +236,9 @@ class CancelFault(Fault):
         out: dict[str, Any] = {"bit": bool(ids), "aborted": len(ids), "picked": len(self._picked),
                                "requests_seen": self._seen, "window_s": [self._opened_at, end],
                                "aborted_ids": ids[:50]}
+        seen = landings(ctx.history.ops, list(self._picked))
         if self.params.mode == "at_state":
             state = self.params.state
-            seen = landings(ctx.history.ops, [r for r in self._picked])
             hit = seen["landed"].get(state, 0)
             out.update({"state": state, "landed": seen["landed"], "landed_in_state": hit,
                         "never_reached": len(seen["never_reached"]), "unlanded": len(seen["unlanded"]),
@@ -255,7 +255,6 @@ class CancelFault(Fault):
                                      f"({len(seen['never_reached'])} never entered it, "
                                      f"{len(seen['unlanded'])} ended before the abort arrived)")
             return out
-        seen = landings(ctx.history.ops, [r for r in self._picked])
         out.update({"landed": seen["landed"], "unlanded": len(seen["unlanded"]),
                     "landed_in_lmcache_call": sum(seen["landed"].get(s, 0) for s in ("lookup", "load"))})
         if not ids:

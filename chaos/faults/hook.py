@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -119,6 +121,29 @@ class HookParams(FaultParams):
         return {"service": self.service}
 
 
+def run_command(argv: list[str], timeout_s: float, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run a hook's command and wait for it, not for what it leaves running.
+
+    Its output goes to temporary files, not pipes: a command that starts a background process
+    (a squatter on a port, a load generator) would otherwise keep the pipes open, and the wait
+    for their end would last the whole ``timeout_s`` and then fail although the command had
+    ended at once.
+
+    Returns:
+        the finished process (``returncode``, ``stdout``, ``stderr`` as text).
+    Raises:
+        subprocess.TimeoutExpired: the command itself ran past ``timeout_s`` seconds (it is
+            killed).
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        r = subprocess.run(argv, stdout=out, stderr=err, timeout=timeout_s, env=env, cwd=cwd,
+                           stdin=subprocess.DEVNULL)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, r.returncode, out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))
+
+
 @register("hook")
 class Hook(Fault):
     """Run ``apply`` at apply and ``heal`` at heal; evidence as the spec says."""
@@ -160,8 +185,7 @@ class Hook(Fault):
             return {"http": {"method": call.method, "url": url, "status": r.status_code, "body": r.text[:500]}}
         argv = [interpolate(a, self._env) for a in step.argv or []]
         env = {**os.environ, **self._env}
-        r2 = subprocess.run(argv, capture_output=True, text=True, timeout=step.timeout_s, env=env,
-                            cwd=ctx.scenario_dir, stdin=subprocess.DEVNULL)
+        r2 = run_command(argv, step.timeout_s, env, ctx.scenario_dir)
         if r2.returncode != 0:
             raise RuntimeError(f"hook {what}: {argv} exited {r2.returncode}: {(r2.stderr or r2.stdout)[-300:]}")
         return {"argv": argv, "returncode": 0, "stdout": r2.stdout[-500:]}
@@ -179,8 +203,7 @@ class Hook(Fault):
                     "min_delta": ev.http.min_delta}
         argv = [interpolate(a, self._env) for a in ev.argv or []]
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=ev.timeout_s,
-                               env={**os.environ, **self._env}, cwd=ctx.scenario_dir, stdin=subprocess.DEVNULL)
+            r = run_command(argv, ev.timeout_s, {**os.environ, **self._env}, ctx.scenario_dir)
         except subprocess.TimeoutExpired:
             return {"bit": False, "argv": argv, "reason": f"timed out after {ev.timeout_s:g}s"}
         return {"bit": r.returncode == 0, "argv": argv, "returncode": r.returncode,

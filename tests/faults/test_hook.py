@@ -164,3 +164,25 @@ def test_params_survive_the_journal_round_trip():
     dumped = f.params.model_dump(mode="json")
     again = TypeAdapter(registry.fault_union()).validate_python(dumped)
     assert again == f.params and again.apply.http.json_body == {"drop": 1}
+
+
+def test_a_command_that_leaves_a_process_running_returns_when_it_ends(ctx, tmp_path):
+    """The input that showed it (tests/runner/test_heal_and_cleanup.py, final check of
+    2026-12-06): a hook that starts a server in the background and exits; the server inherited
+    the hook's output pipes, so the apply waited its whole timeout (158 s) instead of returning."""
+    import os
+    import signal
+    import time
+
+    pidfile = tmp_path / "bg.pid"
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            f"start_new_session=True); open({str(pidfile)!r}, 'w').write(str(p.pid)); print('started')")
+    f = fault(apply={"argv": [sys.executable, "-c", code], "timeout_s": 20})
+    t0 = time.monotonic()
+    try:
+        applied = f.apply(ctx)
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    assert time.monotonic() - t0 < 10
+    assert applied["returncode"] == 0 and applied["stdout"] == "started\n"

@@ -152,7 +152,7 @@ srv = ("import socket, sys, time\\ndeadline = time.monotonic() + 120\\nwhile Tru
        "        time.sleep(0.01)\\n"
        "s.listen()\\nprint('listening', flush=True)\\nwhile True:\\n    c, _ = s.accept(); c.sendall(b'+PONG\\\\r\\\\n'); c.close()\\n")
 p = subprocess.Popen([sys.executable, '-c', srv, sys.argv[1]], stdout=subprocess.PIPE, text=True,
-                     stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                     start_new_session=True)
 assert p.stdout.readline().strip() == 'listening'
 open(sys.argv[2], 'w').write(str(p.pid))
 """
@@ -171,8 +171,8 @@ def test_a_heal_that_fails_is_an_infrastructure_error(env, tmp_path):
     loops) ran redis's restart before the squatter's two interpreters had bound the port. And
     the squatter's server kept the hook's stderr pipe open (it inherited it), so the hook's
     apply waited for its whole timeout every time and, past it, failed ("faults acted 2 of 3"
-    once under load; 158 s with a 150 s timeout): the server gets no pipe of the hook's now, and
-    the hook returns once the squatter holds the port."""
+    once under load; 158 s with a 150 s timeout): hooks now wait for their command, not for
+    its pipes (chaos/faults/hook.py run_command), and return once the squatter holds the port."""
     squat, pidfile = tmp_path / "squat.py", tmp_path / "squatter.pid"
     squat.write_text(SQUAT)
     scenario = tmp_path / "heal-fails.yaml"
