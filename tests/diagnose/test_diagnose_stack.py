@@ -4,6 +4,11 @@ the shape ``kvchaos shrink`` gives), and a KV-content diagnosis works through LM
 with the engine's debug routes switched off.
 
 One stack for the module (the engine is restarted when the planted bug changes). Marked slow.
+Two cases are placed so the stack starts no more often than needed: store-before-compute is
+tested once, by the run with the engine's debug routes off (it asserts all its verdict's
+fields, and the layout and KV then come from the stack file and LMCache exactly as with the
+routes on); trust-failed-load pauses LMCache, after which the pool restarts the whole stack
+(chaos/runner/stacks.py DISRUPTIVE_KINDS), so it runs last.
 """
 
 from __future__ import annotations
@@ -118,18 +123,27 @@ def _run(pool: StackPool, tmp_path: Path, bug: str, extra_variables: dict[str, s
     return stack, diag
 
 
-@pytest.mark.parametrize("bug", list(EXPECTED))
-def test_each_planted_bug_gets_its_verdict(pool: StackPool, tmp_path: Path, monkeypatch, bug: str) -> None:
-    monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
-    _, diag = _run(pool, tmp_path, bug)
+#: Tested elsewhere in this module: store-before-compute by the run without debug routes,
+#: trust-failed-load last (see the module doc).
+ON_THEIR_OWN = ("store-before-compute", "trust-failed-load")
+
+
+def _assert_planted_verdict(diag: dict, bug: str) -> dict:
+    """The first wrong request's diagnosis names ``bug``'s verdict (EXPECTED); returns it."""
     verdict, kinds = EXPECTED[bug]
     first = diag["requests"][0]
     assert first["verdict"] == verdict, (first["evidence"], first["errors"])
     if kinds is not None:
         assert first["kind"] in kinds, first["evidence"]
     assert first["evidence"] and first["ab"]["twin"]["token_ids"]
-    if bug == "store-before-compute":
-        assert first["kv"]["first_bad_layer"] == 0 and first["kv"]["status"] == "compared"
+    return first
+
+
+@pytest.mark.parametrize("bug", [b for b in EXPECTED if b not in ON_THEIR_OWN])
+def test_each_planted_bug_gets_its_verdict(pool: StackPool, tmp_path: Path, monkeypatch, bug: str) -> None:
+    monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
+    _, diag = _run(pool, tmp_path, bug)
+    first = _assert_planted_verdict(diag, bug)
     if bug.startswith("hit-plus-one"):
         assert first["length"]["off_by"] > 0 and first["kv"]["bad_chunks"] == []
     if bug == "drop-cache-salt":
@@ -143,10 +157,10 @@ def test_kv_content_through_lmcache_alone_without_engine_debug_routes(pool: Stac
     monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
     stack, diag = _run(pool, tmp_path, "store-before-compute", {"KVCHAOS_ENGINE_DEBUG_ROUTES": "0"})
     assert httpx.get(f"{stack.settings.engine_url}/debug/state", timeout=5).status_code == 404
-    first = diag["requests"][0]
-    assert first["verdict"] == "kv_content" and first["kind"] in ("zero", "stale")
+    first = _assert_planted_verdict(diag, "store-before-compute")
     kv = first["kv"]
     assert kv["status"] == "compared" and kv["layout"] == stack.settings.kv_layout.model_dump()
+    assert kv["first_bad_layer"] == 0
     bad = next(c for c in kv["chunks"] if c["chunk"] == kv["first_bad_chunk"])
     assert bad["served_checksum"] != bad["witness_checksum"] and bad["first_bad_layer"] == 0
     assert [layer["layer"] for layer in bad["layers"]] == list(range(stack.settings.kv_layout.num_layers))
@@ -208,3 +222,11 @@ def test_held_back_load_path_bugs_are_named(pool: StackPool, tmp_path: Path, mon
     info = server_info(stack.settings.lmcache_http)
     assert info.fs_paths
     assert not [n for base in info.fs_paths for n in os.listdir(base) if BYPASS_PREFIX in n]
+
+
+def test_trust_failed_load_gets_its_verdict(pool: StackPool, tmp_path: Path, monkeypatch) -> None:
+    """As test_each_planted_bug_gets_its_verdict; last in the module, because its pause of
+    LMCache makes the pool restart the whole stack for whatever runs after it."""
+    monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
+    _, diag = _run(pool, tmp_path, "trust-failed-load")
+    _assert_planted_verdict(diag, "trust-failed-load")
