@@ -11,6 +11,10 @@ for the module, reset between scenarios as a suite does; about 4 minutes):
 - lmcache_call: free_lookup_locks for an unknown request acts and shows LMCache's finding (a
   session left open: leaks fails); lookup_then_end_session on a quiet link never reaches its
   window (the LOOKUP is acknowledged in time): inconclusive.
+
+The two runs that leak on purpose come last: after a run whose ``leaks`` check fails the pool
+starts the whole stack afresh (chaos/runner/stacks.py), and before them each run checks
+``leaks`` too, so what a leak-catching run sees is its own.
 """
 
 from __future__ import annotations
@@ -111,15 +115,27 @@ DROP_PHASES = """\
 """
 
 
+CALL_WORKLOAD = "{families: 1, prefix_tokens: [512], suffix_tokens: 8, requests: 1, concurrency: 1, max_tokens: 2}"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the reference stack's tmpfs needs root")
-def test_stall_opens_the_dropped_retrieve_window_and_catches_a_short_free(pool, tmp_path):
-    checks = "  liveness: {request_deadline_s: 60}\n  leaks: {quiesce_s: 15}\n  evidence: {}\n"
-    result, got = run(pool, tmp_path, scenario_text("stall-bug", DROP_PHASES, bugs="[short-free-after-failed-load]",
-                                                workload=DROP_WORKLOAD, checks=checks,
-                                                variables='{ENGINE_NUM_BLOCKS: "256"}'))
-    assert got["evidence"].verdict == "passed", got["evidence"].summary
-    assert got["leaks"].verdict == "failed", got["leaks"].summary
+def test_lmcache_call_outside_its_window_is_inconclusive(pool, tmp_path):
+    phases = """  - name: quiet-link
+    requests: 0
+    faults:
+      - kind: lmcache_call
+        call: lookup_then_end_session
+        request_id: ghost-test-1
+        duration: 3s
+        trigger: {log: "LOOKUP to .* timed out after", service: engine}
+"""
+    result, got = run(pool, tmp_path, scenario_text("call-quiet", phases, workload=CALL_WORKLOAD,
+                                                checks="  leaks: {quiesce_s: 5}\n  evidence: {}\n"))
+    ev = got["evidence"]
+    assert ev.verdict == "unknown" and result.exit_code == 4, ev.summary
+    assert got["leaks"].verdict == "passed", got["leaks"].summary  # the session it opened is ended
+    assert "faults acted: 1 of 1; triggers reached: 0 of 1" in ev.summary
 
 
 @pytest.mark.slow
@@ -132,13 +148,22 @@ def test_stall_that_no_request_reaches_is_inconclusive(pool, tmp_path):
     # novel prompts only: no lookup hits, nothing is retrieved
     workload = "{families: 2, prefix_tokens: [0], suffix_tokens: 300, requests: 2, concurrency: 2, max_tokens: 4}"
     result, got = run(pool, tmp_path, scenario_text("stall-cold", phases, workload=workload,
-                                                checks="  evidence: {}\n"))
+                                                checks="  leaks: {quiesce_s: 5}\n  evidence: {}\n"))
     ev = got["evidence"]
     assert ev.verdict == "unknown" and result.exit_code == 4, ev.summary
+    assert got["leaks"].verdict == "passed", got["leaks"].summary
     assert "faults acted: 0 of 1" in ev.summary and "no request reached before_retrieve" in ev.summary
 
 
-CALL_WORKLOAD = "{families: 1, prefix_tokens: [512], suffix_tokens: 8, requests: 1, concurrency: 1, max_tokens: 2}"
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the reference stack's tmpfs needs root")
+def test_stall_opens_the_dropped_retrieve_window_and_catches_a_short_free(pool, tmp_path):
+    checks = "  liveness: {request_deadline_s: 60}\n  leaks: {quiesce_s: 15}\n  evidence: {}\n"
+    result, got = run(pool, tmp_path, scenario_text("stall-bug", DROP_PHASES, bugs="[short-free-after-failed-load]",
+                                                workload=DROP_WORKLOAD, checks=checks,
+                                                variables='{ENGINE_NUM_BLOCKS: "256"}'))
+    assert got["evidence"].verdict == "passed", got["evidence"].summary
+    assert got["leaks"].verdict == "failed", got["leaks"].summary
 
 
 @pytest.mark.slow
@@ -159,22 +184,3 @@ def test_lmcache_call_acts_and_shows_the_session_it_leaves(pool, tmp_path):
     assert got["evidence"].summary == "faults acted: 1 of 1 (lmcache_call-0); triggers reached: 1 of 1"
     # LMCache 0.5.6's finding (docs/findings/free-lookup-locks-creates-session.md)
     assert got["leaks"].verdict == "failed" and "active_sessions" in got["leaks"].summary, got["leaks"].summary
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="the reference stack's tmpfs needs root")
-def test_lmcache_call_outside_its_window_is_inconclusive(pool, tmp_path):
-    phases = """  - name: quiet-link
-    requests: 0
-    faults:
-      - kind: lmcache_call
-        call: lookup_then_end_session
-        request_id: ghost-test-1
-        duration: 3s
-        trigger: {log: "LOOKUP to .* timed out after", service: engine}
-"""
-    result, got = run(pool, tmp_path, scenario_text("call-quiet", phases, workload=CALL_WORKLOAD,
-                                                checks="  evidence: {}\n"))
-    ev = got["evidence"]
-    assert ev.verdict == "unknown" and result.exit_code == 4, ev.summary
-    assert "faults acted: 1 of 1; triggers reached: 0 of 1" in ev.summary
