@@ -9,6 +9,9 @@ test sets ``KVCHAOS_ENGINE_TEST_PATCH`` to its path (chaos/engine/cli.py ``apply
   chunk C-1's KV (C >= 1; default the last loaded chunk);
 - ``report-one-less``: the engine loads (and trusts) the whole hit but reports one LMCache token
   less than it loaded (``external_cache_hit_tokens``).
+
+``KVCHAOS_TEST_LOAD_BUG=@/path/file`` reads the bug from that file at each load instead (empty
+file: none), so that tests of several bugs switch it between runs without restarting the engine.
 """
 
 from __future__ import annotations
@@ -36,18 +39,36 @@ def parse(spec: str) -> tuple[str, dict[str, str]]:
     return name, out
 
 
+def current(setting: str) -> tuple[str, dict[str, str]] | None:
+    """The bug ``setting`` (``KVCHAOS_TEST_LOAD_BUG``'s value) names now: parsed from the value,
+    or from the file an ``@path`` value names (read now); None when it names none.
+
+    Raises:
+        ValueError: an unknown name or a malformed option; OSError: the file cannot be read.
+    """
+    spec = setting.strip()
+    if spec.startswith("@"):
+        with open(spec[1:]) as f:
+            spec = f.read().strip()
+    return parse(spec) if spec else None
+
+
 def install(core) -> None:
     """Wrap ``core._load_external`` with the bug ``KVCHAOS_TEST_LOAD_BUG`` names (no-op unset)."""
-    spec = os.environ.get(ENV, "").strip()
-    if not spec:
+    setting = os.environ.get(ENV, "").strip()
+    if not setting:
         return
-    name, opts = parse(spec)
+    current(setting)  # a bad setting fails the engine's start, not a load
     original = core._load_external
     bs = core.config.block_size
 
     def load_external(req, local_hit: int) -> None:
         failed_before = req.load_failed_tokens
         original(req, local_hit)
+        bug = current(setting)
+        if bug is None:
+            return
+        name, opts = bug
         conn = core.connector
         hit = req.lookup_tokens if req.lookup_status == "hit" else 0
         if (conn is None or hit <= local_hit or req.load_failed_tokens != failed_before

@@ -3,7 +3,8 @@ verdict from the diagnosis ``kvchaos run`` makes of the run that caught it (shor
 the shape ``kvchaos shrink`` gives), and a KV-content diagnosis works through LMCache alone
 with the engine's debug routes switched off.
 
-One stack for the module (the engine is restarted when the planted bug changes). Marked slow.
+One stack for the module (the engine is restarted when the planted bug changes; the held-back
+load-path bugs share one engine, which reads its bug from a file at each load). Marked slow.
 Two cases are placed so the stack starts no more often than needed: store-before-compute is
 tested once, by the run with the engine's debug routes off (it asserts all its verdict's
 fields, and the layout and KV then come from the stack file and LMCache exactly as with the
@@ -193,8 +194,17 @@ HELD_BACK = {
 }
 
 
+@pytest.fixture(scope="module")
+def load_bug_file(tmp_path_factory) -> Path:
+    """The file the patched engine reads its load bug from at each load
+    (``KVCHAOS_TEST_LOAD_BUG=@file``, tests/diagnose/load_path_bugs.py): the same stack variables
+    for every held-back bug, so one engine start serves them all."""
+    return tmp_path_factory.mktemp("load-bug") / "bug"
+
+
 @pytest.mark.parametrize("bug", list(HELD_BACK))
-def test_held_back_load_path_bugs_are_named(pool: StackPool, tmp_path: Path, monkeypatch, bug: str) -> None:
+def test_held_back_load_path_bugs_are_named(pool: StackPool, tmp_path: Path, monkeypatch, load_bug_file: Path,
+                                            bug: str) -> None:
     """LMCache's copy is right and the bypass replay is right: the verdict names what the engine
     did to the loaded KV (layer, K or V, chunk, or the chunk whose KV it holds), never
     logits/sampling; a claim one token short of the hit is a negative offset."""
@@ -205,8 +215,9 @@ def test_held_back_load_path_bugs_are_named(pool: StackPool, tmp_path: Path, mon
 
     monkeypatch.setenv("KVCHAOS_DIAGNOSE", "1")
     body, verdict, kind = HELD_BACK[bug]
+    load_bug_file.write_text(bug)
     stack, diag = _run(pool, tmp_path, bug, {"KVCHAOS_ENGINE_TEST_PATCH": str(LOAD_BUGS),
-                                             "KVCHAOS_TEST_LOAD_BUG": bug}, body=body)
+                                             "KVCHAOS_TEST_LOAD_BUG": f"@{load_bug_file}"}, body=body)
     first = diag["requests"][0]
     assert (first["verdict"], first["kind"]) == (verdict, kind), (first["evidence"], first["errors"])
     assert first["ab"]["bypass"]["matches_expected"] is True
