@@ -10,6 +10,11 @@
             else the first pending run
       └─> results in the runs' order ─> suite.json + junit.xml (one suite for every worker)
 
+A stream (:func:`run_stream`, `kvchaos explore --jobs N`): the runs are not known beforehand; an
+idle worker with nothing pending gets the next run from the caller's ``feed`` (None: no more),
+and the caller's ``on_result`` sees each result as it comes (in this process, outside the
+signal-held sections, so a long step there, a shrink, can still be interrupted).
+
 Isolation: each worker's stacks claim their ports host-wide (chaos/stack/ports.py), so N stacks
 of one stack file run side by side; between runs a worker's pool resets its stack, and starts it
 afresh after a run that disrupted it (chaos/runner/stacks.py).
@@ -149,6 +154,42 @@ def run_campaign(runs: Sequence[Scenario | CampaignRun], opts: SuiteOptions, job
     return _Campaign(items, opts, max(1, min(jobs, len(items))), say).run()
 
 
+#: A campaign worker's way of running one prepared run on its pool: :func:`run_in_pool`'s
+#: signature and contract (``box["result"]`` set once the runner returned; the report written).
+RunFn = Callable[..., RunResult]
+
+
+def run_stream(feed: Callable[[], CampaignRun | None], on_result: Callable[[int, RunResult], None],
+               opts: SuiteOptions, jobs: int, run_fn: RunFn | None = None,
+               say: Callable[[str], None] = lambda _m: None) -> tuple[list[RunResult], Path]:
+    """Run scenarios the caller generates as it goes, ``jobs`` worker processes at a time,
+    each worker with its own StackPool (as :func:`run_campaign` with jobs > 1).
+
+    Args:
+        feed: called (in this process) when a worker is idle and no run is pending: the next
+            run, validated, or None when there are no more (the worker then stops; runs under
+            way on the others finish). It must return quickly (it holds signals).
+        on_result: called with ``(k, result)`` for the k-th run fed (0-based) as its result
+            comes in (a worker that died meanwhile: an infrastructure-error result), after the
+            worker got its next run; not called after a signal. It may take long (a shrink).
+        opts: the suite's options (report_dir: parent of the run folders; after_checks).
+        jobs: worker processes (at least 1).
+        run_fn: what a worker calls for each run, a module-level function (it is pickled by
+            reference) with :func:`chaos.runner.suite.run_in_pool`'s signature and contract;
+            None: run_in_pool.
+        say: progress lines.
+
+    Returns:
+        ``(results, suite_dir)``: results in the order fed; the suite report in ``suite_dir``.
+
+    Raises:
+        RunInterrupted: SIGINT or SIGTERM (also one raised by ``on_result``); every run under
+            way was healed and reported, every worker's stacks are down, the suite report is
+            written.
+    """
+    return _Campaign([], opts, max(1, jobs), say, feed=feed, on_result=on_result, run_fn=run_fn).run()
+
+
 # --- the parent -------------------------------------------------------------------------------
 
 _EOF = object()
@@ -165,8 +206,12 @@ class _Worker:
 
 class _Campaign:
     def __init__(self, items: list[CampaignRun], opts: SuiteOptions, jobs: int,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], feed: Callable[[], CampaignRun | None] | None = None,
+                 on_result: Callable[[int, RunResult], None] | None = None, run_fn: RunFn | None = None) -> None:
         self.items, self.opts, self.jobs, self.say = items, opts, jobs, say
+        self.feed, self.on_result, self.run_fn = feed, on_result, run_fn
+        self.fresh: list[int] = []  # results not yet shown to on_result
+        self.fed_out = False  # feed said there are no more runs
         self.suite_id = new_run_id(opts.run_id_prefix + "suite")
         self.suite_dir = opts.report_dir / self.suite_id
         self.inbox: queue.Queue = queue.Queue()
@@ -215,7 +260,7 @@ class _Campaign:
             w = _Worker(self.numbered, proc, {})
             self.workers.append(w)
             _send(proc.stdin, {"worker": w.number, "backend": self.opts.backend, "keep": self.opts.keep_stack,
-                               "root": str(self.suite_dir / "stacks"), "opts": self.opts})
+                               "root": str(self.suite_dir / "stacks"), "opts": self.opts, "run_fn": self.run_fn})
             threading.Thread(target=self._read, args=(w,), daemon=True, name=f"worker-{w.number}").start()
         self.say(f"worker {w.number} started (pid {proc.pid})")
         return w
@@ -254,6 +299,13 @@ class _Campaign:
 
     def _dispatch(self, w: _Worker) -> None:
         i = self._pick(w)
+        if i is None and self.feed is not None and not self.fed_out:
+            nxt = self.feed()
+            self.fed_out = nxt is None
+            if nxt is not None:
+                self.items.append(nxt)
+                self.pending.append(len(self.items) - 1)
+                i = self.pending[-1]
         if i is None:
             with interrupts.deferred():
                 w.proc.stdin.close()  # no more work: the worker brings its stacks down and exits
@@ -282,7 +334,8 @@ class _Campaign:
         """Wait (at most half a second) for one message of a worker and act on it: record a
         result and give the worker its next run (unless ``stopping``), or reap a worker whose
         output ended (and start another while runs are pending). Signals are held while a
-        message is handled, so none is lost between the queue and the results."""
+        message is handled, so none is lost between the queue and the results; then (unless
+        ``stopping``) new results go to ``on_result``, with signals let through."""
         with interrupts.deferred():
             try:
                 w, msg = self.inbox.get(timeout=0.5)
@@ -290,7 +343,8 @@ class _Campaign:
                 return
             if msg is _EOF:
                 self._gone(w, stopping)
-                if stopping is None and self.pending and not any(x.busy is None and not x.gone for x in self.workers):
+                more = self.pending or (self.feed is not None and not self.fed_out)
+                if stopping is None and more and not any(x.busy is None and not x.gone for x in self.workers):
                     self._dispatch(self._spawn())
             elif "index" in msg:
                 self._result(w, msg)
@@ -299,11 +353,15 @@ class _Campaign:
                         self._dispatch(w)
                     else:  # a signal sent to the worker alone: it stops; another takes its place
                         w.proc.stdin.close()
+        while self.fresh and stopping is None and self.on_result is not None:
+            i = self.fresh.pop(0)
+            self.on_result(i, self.results[i])
 
     def _result(self, w: _Worker, msg: dict) -> None:
         i = msg["index"]
         self.results[i] = msg["result"]
         self.boxes[i]["result"] = msg["result"]
+        self.fresh.append(i)
         w.busy = None
 
     def _gone(self, w: _Worker, stopping: RunInterrupted | None) -> None:
@@ -330,6 +388,7 @@ class _Campaign:
                         box["scenario"], box["run_id"], box["run_dir"],
                         f"campaign worker {w.number} (pid {w.proc.pid}) died during this run ({how})"
                         + (f"; undone from its journals: {'; '.join(undone)}" if undone else ""))
+                    self.fresh.append(i)
             self.say(f"[{box['scenario'].name}] worker {w.number} (pid {w.proc.pid}) died ({how})")
         elif stopping is None:
             self.say(f"worker {w.number} (pid {w.proc.pid}) ended ({how})")
@@ -417,9 +476,10 @@ def _die_with_parent() -> None:
 
 def worker_main() -> None:
     """Entry point of a campaign worker (started by :class:`_Campaign`): reads pickled runs on
-    stdin, runs each on its own StackPool, writes pickled results on stdout; at the end of its
-    input it brings its stacks down and exits 0; on SIGINT/SIGTERM it reports the run under way
-    as ``interrupted``, brings its stacks down and exits 128 + the signal. Progress lines go to
+    stdin, runs each on its own StackPool (with the campaign's ``run_fn``, default run_in_pool),
+    writes pickled results on stdout; at the end of its input it brings its stacks down and
+    exits 0; on SIGINT/SIGTERM it reports the run under way as ``interrupted``, brings its
+    stacks down and exits 128 + the signal. Progress lines go to
     stderr, prefixed ``[scenario]``."""
     out = os.fdopen(os.dup(1), "wb")  # the protocol; fd 1 becomes stderr so that nothing else
     os.dup2(2, 1)  # printed reaches the parent's pipe (the fds are not inherited by services)
@@ -439,6 +499,7 @@ def worker_main() -> None:
         except EOFError:
             sys.exit(0)
         number, opts = hello["worker"], hello["opts"]
+        run_fn = hello.get("run_fn") or run_in_pool
         name = {"run": ""}
 
         def say(msg: str) -> None:
@@ -463,8 +524,8 @@ def worker_main() -> None:
                     say(f"stopping stack {gone.name}: this worker's next run is on another stack file")
                 box = {"scenario": task["scenario"], "run_id": task["run_id"], "run_dir": Path(task["run_dir"]),
                        "result": None, "index": task["index"]}
-                result = run_in_pool(task["scenario"], pool, opts, task["run_id"], Path(task["run_dir"]), say,
-                                     box, timeout_s=task["timeout_s"])
+                result = run_fn(task["scenario"], pool, opts, task["run_id"], Path(task["run_dir"]), say,
+                                box, timeout_s=task["timeout_s"])
                 with interrupts.deferred():
                     _send_quietly(out, {"index": task["index"], "result": result})
                     box = None

@@ -68,7 +68,10 @@ class Journal:
         entry = {"time": time.time(), **entry}
         line = json.dumps(entry, sort_keys=True) + "\n"
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            if self._owner_pid != os.getpid():  # first write of this process: say who owns it
+            # The first write of this process says who owns the file; so does the first write
+            # after close() deleted it (a restarted stack writes a new file through the same
+            # instance: without that line cleanup took its live runner for gone).
+            if self._owner_pid != os.getpid() or f.tell() == 0:
                 f.write(json.dumps({"time": time.time(), **owner_record()}, sort_keys=True) + "\n")
                 self._owner_pid = os.getpid()
             f.write(line)
@@ -92,9 +95,11 @@ class Journal:
         return open_entries(self.path)
 
     def close(self) -> None:
-        """Delete the journal file when nothing is left open."""
-        if self.path.exists() and not self.open_entries():
-            self.path.unlink()
+        """Delete the journal file when nothing is left open (a later write starts a new file,
+        with its owner line)."""
+        with self._lock:
+            if self.path.exists() and not self.open_entries():
+                self.path.unlink()
 
 
 _OWN: dict[str, Any] = {}

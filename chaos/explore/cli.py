@@ -26,7 +26,9 @@ def explore(
     stack: Path = typer.Option(..., "--stack", help="the stack file to explore (e.g. compose/reference.yml)"),
     budget: str = typer.Option("2h", "--budget", help="wall time (e.g. 5m, 2h); no run or shrink starts after it"),
     seed: int = typer.Option(0, "--seed", help="seed of the generator: the same seed gives the same scenarios"),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="runs at once (only 1 for now)"),
+    jobs: str = typer.Option("1", "--jobs", "-j", help="runs at once, each on a stack of its own (a whole "
+                             "number, or auto: cores and memory, README \"Parallel runs\"); a new finding's "
+                             "shrink runs on one more stack meanwhile"),
     max_runs: int | None = typer.Option(None, "--max-runs", min=1, help="stop after this many runs"),
     out: Path = typer.Option(Path("reports/explore"), "--out", help="parent folder of the exploration's folder"),
     bug: list[str] = typer.Option(None, "--bug", help="plant this reference-engine bug in every run (repeatable; "
@@ -51,11 +53,12 @@ def explore(
 ) -> None:
     """Generate scenarios from what the stack offers (fault kinds, links, services, L2 tiers;
     workloads around chunk boundaries, tenants, turns, cancellations, small pools), run them one
-    after another on one stack, and diagnose, shrink and deduplicate every failure by signature.
-    Writes OUT/<explore-id>/summary.json, index.html and findings/<signature>.yaml."""
+    after another on one stack (--jobs N: N at once, each on its own stack), and diagnose,
+    shrink and deduplicate every failure by signature. Writes OUT/<explore-id>/summary.json, index.html and findings/<signature>.yaml."""
     import os
 
     from chaos import interrupts
+    from chaos.campaign import parse_jobs
     from chaos.duration import parse_duration
     from chaos.engine.bugs import validate_bugs
     from chaos.explore.explore import ExploreOptions, run_explore
@@ -72,8 +75,10 @@ def explore(
         raise _err(f"--budget must be more than 0 (got {budget!r})")
     if shrink_s < 0:
         raise _err(f"--shrink-budget must be 0 or more (got {shrink_budget!r})")
-    if jobs != 1:
-        raise _err("--jobs: explore runs one scenario at a time for now; give --jobs 1")
+    try:
+        n_jobs = parse_jobs(jobs)
+    except ValueError as exc:
+        raise _err(str(exc)) from None
     if backend not in ("local", "compose"):
         raise _err(f"--backend must be local or compose, not {backend!r}")
     try:
@@ -95,7 +100,7 @@ def explore(
     opts = ExploreOptions(seed=seed, budget_s=budget_s, max_runs=max_runs, bugs=bugs, out=out, backend=backend,
                           timeout_s=timeout, shrink_budget_s=shrink_s, shrink_reruns=shrink_reruns,
                           diagnose=diagnose, diagnose_budget_s=diagnose_budget, known=known_findings(roots),
-                          guide=guide, stop_on_finding=stop_on_finding)
+                          guide=guide, stop_on_finding=stop_on_finding, jobs=n_jobs)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

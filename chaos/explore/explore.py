@@ -1,21 +1,25 @@
-"""The exploration loop: generated scenarios run one after another on one stack, each failure
-diagnosed, shrunk and deduplicated by signature.
+"""The exploration loop: generated scenarios run one after another on one stack (or on N
+campaign workers' stacks, ``--jobs N``), each failure diagnosed, shrunk and deduplicated by
+signature.
 
     for index 0, 1, 2 ... until --max-runs or --budget (checked before each run and each shrink):
         chaos.explore.generate ──> scenarios/explore-<seed>-<index>.yaml ──> check_scenario
             (invalid: a generator bug, counted in ``generator_invalid``, never run)
         one StackPool (the stack starts once; a run that disrupted it or left something held
-        gets it restarted, as in `kvchaos zoo`) ──> run_scenario (diagnosis after the checks,
-        chaos/diagnose/hook.py) ──> runs/<run-id>/ (the run's report)
+        gets it restarted, as in `kvchaos zoo`) ──> run_measured (diagnosis after the checks,
+        chaos/diagnose/hook.py; LMCache's counters before and after) ──> runs/<run-id>/
+        --jobs N: chaos/campaign.py run_stream: N workers, each its own StackPool, fed the next
+        generated scenario when idle; every result comes back here, in the order they end
         failed ──> pre-signature (failed checks, diagnosis class, fault kinds as generated)
                    seen before: counted under the signature it got then, no shrink
-                   new: `kvchaos shrink` (run_shrink, same pool, ``shrink_budget_s``) ──>
+                   new: `kvchaos shrink` (run_shrink, this process's pool, ``shrink_budget_s``;
+                        with --jobs the workers go on meanwhile) ──>
                         signature (fault kinds of the shrunk file) ──> findings/<slug>.yaml
                         (one per signature: the first; it validates and runs alone)
         inconclusive ──> counted by the trigger it missed
     ──> summary.json + index.html (reports/explore/<explore-id>/)
 
-SIGINT/SIGTERM: the run under way heals its faults and writes its report (chaos/runner/run.py),
+SIGINT/SIGTERM: every run under way heals its faults and writes its report (chaos/runner/run.py),
 the stacks go down, summary.json and index.html are still written, and RunInterrupted leaves
 (exit 130 / 143).
 """
@@ -36,6 +40,7 @@ from chaos import interrupts
 from chaos.explore.generate import StackOffer, generate, write_scenario
 from chaos.explore.guidance import CounterGuide, counter_totals, grown
 from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, match_known, signature_of
+from chaos.stack.base import StackError, new_run_id
 
 __all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "write_html"]
 
@@ -63,6 +68,8 @@ class ExploreOptions:
         guide: pick each run among the next ``guide_width`` generated scenarios by the record of
             their fault-kind set at reaching new LMCache counter combinations
             (chaos/explore/guidance.py); False: the generated order.
+        jobs: runs at once, each on a stack of its own (campaign workers); 1: one after
+            another on this process's stack.
     """
 
     seed: int = 0
@@ -80,6 +87,7 @@ class ExploreOptions:
     guide: bool = False
     guide_width: int = 4
     stop_on_finding: bool = False
+    jobs: int = 1
 
 
 @dataclass
@@ -102,6 +110,7 @@ class ExploreSummary:
     inconclusive_by_trigger: Counter = field(default_factory=Counter)
     guide: CounterGuide = field(default_factory=CounterGuide)
     guided: bool = False
+    jobs: int = 1
 
     def counts(self) -> dict[str, int]:
         """Runs per outcome: passed, failed, inconclusive, error, interrupted."""
@@ -124,12 +133,12 @@ class ExploreSummary:
             "elapsed_s": round(self.elapsed_s, 1), "stopped_by": self.stopped_by,
             "run_count": len(self.runs), **self.counts(),
             "window_reached_fraction": self.window_reached_fraction(),
-            "guided": self.guided,
+            "guided": self.guided, "jobs": self.jobs,
             "lmcache_counter_combinations": len(self.guide.seen),
             "generator_invalid": self.generator_invalid,
             "inconclusive_by_trigger": dict(self.inconclusive_by_trigger.most_common()),
             "signatures": sorted(self.signatures.values(), key=lambda s: s["first_run_index"]),
-            "runs": self.runs,
+            "runs": sorted(self.runs, key=lambda r: r["index"]),
         }
 
     def write(self) -> Path:
@@ -196,112 +205,50 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
                 say: Callable[[str], None] = lambda _m: None) -> ExploreSummary:
     """Explore the stack ``offer`` describes until ``opts.max_runs`` or ``opts.budget_s``.
 
+    With ``opts.jobs`` > 1 the generated runs go to that many campaign workers, each with a
+    stack of its own (chaos/campaign.py :func:`run_stream`); every result is taken in this
+    process as it comes, and a new finding's shrink and its control run on one more stack
+    here, while the workers go on. The same seed generates the same scenarios; which of them
+    run before the budget ends, and with ``guide`` which is picked, depend on the order the
+    results come in.
+
     Returns:
         The summary (also written: ``<folder>/summary.json`` and ``index.html``).
 
     Raises:
-        RunInterrupted: SIGINT or SIGTERM; the run under way was healed and reported, the stacks
-            are down and the summary is written (``stopped_by`` names the signal);
+        RunInterrupted: SIGINT or SIGTERM; the runs under way were healed and reported, the
+            stacks are down and the summary is written (``stopped_by`` names the signal);
             ``.results`` holds ``[summary]``.
     """
     from chaos.diagnose.hook import ENV_BUDGET, ENV_LIMIT, diagnose_after_checks
-    from chaos.runner.leaks import restart_dirty
-    from chaos.runner.run import run_scenario
     from chaos.runner.stacks import StackPool
-    from chaos.runner.suite import infra_error_result, interrupted_result
-    from chaos.scenario.loader import check_scenario
-    from chaos.stack.base import StackError, new_run_id
-    from chaos.yamlsource import ConfigError
+    from chaos.runner.suite import SuiteOptions
 
     t0 = time.monotonic()
     explore_id = new_run_id(f"explore-{opts.seed}")
     folder = opts.out / explore_id
     summary = ExploreSummary(explore_id=explore_id, folder=folder, stack=str(offer.path), seed=opts.seed,
                              bugs=list(opts.bugs), budget_s=opts.budget_s, max_runs=opts.max_runs,
-                             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), guided=opts.guide)
-    queue: list[tuple[int, dict]] = []  # generated, not yet run: (stream index, scenario dict)
-    stream = 0
-    gen_dir, runs_dir, findings_dir = folder / "scenarios", folder / "runs", folder / "findings"
-    pre_seen: dict[tuple, str] = {}  # (checks, diagnosis, generated fault kinds) -> signature text
+                             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), guided=opts.guide,
+                             jobs=opts.jobs)
     saved_env = {k: os.environ.get(k) for k in (ENV_LIMIT, ENV_BUDGET)}
-    os.environ[ENV_LIMIT] = str(opts.diagnose)
-    os.environ[ENV_BUDGET] = str(opts.diagnose_budget_s)
-    pool = StackPool(opts.backend, folder / "stacks")
+    os.environ[ENV_LIMIT] = str(opts.diagnose)  # read by the diagnosis after each run's checks,
+    os.environ[ENV_BUDGET] = str(opts.diagnose_budget_s)  # here and in the campaign's workers
+    pool = StackPool(opts.backend, folder / "stacks")  # the serial runs; the findings' shrinks and controls
+    explorer = _Explorer(offer, opts, summary, pool, t0, say)
+    sopts = SuiteOptions(backend=opts.backend, report_dir=explorer.runs_dir, timeout_s=opts.timeout_s,
+                         after_checks=diagnose_after_checks)
     stop: interrupts.RunInterrupted | None = None
-    current: dict | None = None
-
-    def left() -> float:
-        return opts.budget_s - (time.monotonic() - t0)
-
     with interrupts.handling():
         try:
-            index = 0
-            while True:
-                if opts.max_runs is not None and index >= opts.max_runs:
-                    summary.stopped_by = f"max-runs {opts.max_runs}"
-                    break
-                if left() <= 0:
-                    summary.stopped_by = f"budget {opts.budget_s:g}s"
-                    break
-                interrupts.set_stage(f"explore run {index}")
-                while len(queue) < (opts.guide_width if opts.guide else 1):
-                    queue.append((stream, generate(offer, opts.seed, stream)))
-                    stream += 1
-                pick = summary.guide.pick([d for _i, d in queue], _kinds) if opts.guide else 0
-                _stream_index, data = queue.pop(pick)
-                if opts.bugs:
-                    data.setdefault("engine", {})["bugs"] = list(opts.bugs)
-                path = write_scenario(data, gen_dir)
-                check = check_scenario(path, require_commands=opts.backend == "local")
-                if not check.ok:
-                    summary.generator_invalid.append({"index": index, "file": str(path), "error": str(check.error())})
-                    say(f"generator bug: {path} does not validate: {check.error()}")
-                    index += 1
-                    continue
-                scenario = check.scenario
-                run_id = new_run_id(scenario.name)
-                run_dir = runs_dir / run_id
-                current = {"scenario": scenario, "run_id": run_id, "run_dir": run_dir, "index": index, "file": path}
-                say(f"[{index}] {scenario.name}: {data['description']}")
-                start = time.monotonic()
-                combination = None
-                try:
-                    stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
-                    restart_dirty(stack, say)
-                except (StackError, ConfigError) as exc:
-                    result = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
-                else:
-                    metrics = (stack.spec.settings.lmcache_http or "").rstrip("/")
-                    before = counter_totals(metrics + "/metrics") if metrics else None
-                    result = run_scenario(scenario, stack, run_dir, run_id=run_id, timeout_s=opts.timeout_s,
-                                          progress=lambda m, n=index: say(f"[{n}] {m}"),
-                                          after_checks=diagnose_after_checks)
-                    combination = grown(before, counter_totals(metrics + "/metrics") if metrics else None)
-                with interrupts.deferred():
-                    pool.release(Path(scenario.stack), result)
-                    (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
-                current = None
-                _record(summary, index, path, run_dir, result, time.monotonic() - start, time.monotonic() - t0)
-                summary.runs[-1]["lmcache_counters_grown"] = None if combination is None else sorted(combination)
-                summary.runs[-1]["new_combination"] = summary.guide.record(_kinds(data), combination)
-                say(f"[{index}] {summary.runs[-1]['outcome']}"
-                    + (f": {', '.join(summary.runs[-1]['failed_checks'])}" if summary.runs[-1]["failed_checks"] else ""))
-                if summary.runs[-1]["outcome"] == "failed":
-                    _finding(summary, opts, index, run_dir, result, scenario, pre_seen, findings_dir, pool,
-                             t0, left, say)
-                summary.write()
-                index += 1
-                if opts.stop_on_finding and any(not g["known"] and (not opts.bugs or g["attributed_to_bug"])
-                                                for g in summary.signatures.values()):
-                    summary.stopped_by = "first new finding"
-                    break
+            if opts.jobs > 1:
+                _explore_parallel(explorer, sopts, opts.jobs, say)
+            else:
+                _explore_serial(explorer, sopts, say)
         except KeyboardInterrupt as exc:
             stop = interrupts.as_interrupt(exc)
-            if current is not None:
-                result = stop.result or interrupted_result(current["scenario"], current["run_id"],
-                                                           current["run_dir"], stop)
-                _record(summary, current["index"], current["file"], current["run_dir"], result, 0.0,
-                        time.monotonic() - t0)
+            for result in stop.results or []:  # the parallel runs' results not taken yet
+                explorer.take_late(result)
             summary.stopped_by = f"interrupted ({stop.describe()})"
         finally:
             try:
@@ -322,6 +269,198 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
         stop.results = [summary]
         raise stop
     return summary
+
+
+@dataclass
+class _Planned:
+    """A generated scenario that validated, before it runs."""
+
+    index: int
+    file: Path
+    data: dict
+    scenario: Any
+
+
+class _Explorer:
+    """One exploration's state, shared by the serial loop and the parallel stream: the
+    generator's queue, the run index, the signatures seen (``pre_seen``), the summary."""
+
+    def __init__(self, offer: StackOffer, opts: ExploreOptions, summary: ExploreSummary, pool: Any, t0: float,
+                 say: Callable[[str], None]) -> None:
+        self.offer, self.opts, self.summary, self.pool, self.t0, self.say = offer, opts, summary, pool, t0, say
+        self.queue: list[tuple[int, dict]] = []  # generated, not yet run: (stream index, scenario dict)
+        self.stream = 0
+        self.index = 0
+        folder = summary.folder
+        self.gen_dir, self.runs_dir, self.findings_dir = folder / "scenarios", folder / "runs", folder / "findings"
+        self.pre_seen: dict[tuple, str] = {}  # (checks, diagnosis, generated fault kinds) -> signature text
+        self.planned: dict[str, _Planned] = {}  # scenario name -> its plan (names are unique)
+        self.taken: set[str] = set()  # run ids recorded
+
+    def left(self) -> float:
+        """Seconds of the budget left."""
+        return self.opts.budget_s - (time.monotonic() - self.t0)
+
+    def next_run(self) -> _Planned | None:
+        """The next generated scenario that validates (one that does not is a generator bug,
+        recorded and skipped), or None once the exploration must stop: a new finding with
+        ``stop_on_finding``, ``max_runs`` runs generated, or the budget spent (``stopped_by``
+        says which)."""
+        from chaos.scenario.loader import check_scenario
+
+        opts, summary = self.opts, self.summary
+        while True:
+            if opts.stop_on_finding and any(not g["known"] and (not opts.bugs or g["attributed_to_bug"])
+                                            for g in summary.signatures.values()):
+                summary.stopped_by = "first new finding"
+                return None
+            if opts.max_runs is not None and self.index >= opts.max_runs:
+                summary.stopped_by = f"max-runs {opts.max_runs}"
+                return None
+            if self.left() <= 0:
+                summary.stopped_by = f"budget {opts.budget_s:g}s"
+                return None
+            interrupts.set_stage(f"explore run {self.index}")
+            while len(self.queue) < (opts.guide_width if opts.guide else 1):
+                self.queue.append((self.stream, generate(self.offer, opts.seed, self.stream)))
+                self.stream += 1
+            pick = summary.guide.pick([d for _i, d in self.queue], _kinds) if opts.guide else 0
+            _stream_index, data = self.queue.pop(pick)
+            if opts.bugs:
+                data.setdefault("engine", {})["bugs"] = list(opts.bugs)
+            path = write_scenario(data, self.gen_dir)
+            check = check_scenario(path, require_commands=opts.backend == "local")
+            index = self.index
+            self.index += 1
+            if not check.ok:
+                summary.generator_invalid.append({"index": index, "file": str(path), "error": str(check.error())})
+                self.say(f"generator bug: {path} does not validate: {check.error()}")
+                continue
+            plan = _Planned(index, path, data, check.scenario)
+            self.planned[plan.scenario.name] = plan
+            self.say(f"[{index}] {plan.scenario.name}: {data['description']}")
+            return plan
+
+    def take(self, result: Any) -> None:
+        """Record a run's result (its folder's ``explore-run.json`` gives its seconds and the
+        LMCache counters it grew); a failed run's finding is diagnosed, shrunk and signed
+        (:func:`_finding`) on this process's pool. The summary is written."""
+        plan = self.planned[result.scenario]
+        run_dir = self.runs_dir / result.run_id
+        try:
+            measured = json.loads((run_dir / MEASURED_FILE).read_text())
+        except (OSError, ValueError):
+            measured = {}
+        summary = self.summary
+        self.taken.add(result.run_id)
+        _record(summary, plan.index, plan.file, run_dir, result, float(measured.get("seconds") or 0.0),
+                time.monotonic() - self.t0)
+        combination = measured.get("lmcache_counters_grown")
+        row = summary.runs[-1]
+        row["lmcache_counters_grown"] = combination
+        row["new_combination"] = summary.guide.record(_kinds(plan.data), None if combination is None
+                                                      else frozenset(combination))
+        self.say(f"[{plan.index}] {row['outcome']}"
+                 + (f": {', '.join(row['failed_checks'])}" if row["failed_checks"] else ""))
+        if row["outcome"] == "failed":
+            _finding(summary, self.opts, plan.index, run_dir, result, plan.scenario, self.pre_seen,
+                     self.findings_dir, self.pool, self.t0, self.left, self.say)
+        summary.write()
+
+    def take_late(self, result: Any) -> None:
+        """Record, without a finding's work, a result a signal left untaken (a parallel run
+        that was under way: ``interrupted``)."""
+        plan = self.planned.get(result.scenario)
+        run_dir = self.runs_dir / result.run_id
+        if plan is None or not run_dir.is_dir() or result.run_id in self.taken:  # not a generated run's (a shrink's)
+            return
+        self.taken.add(result.run_id)
+        _record(self.summary, plan.index, plan.file, run_dir, result, 0.0, time.monotonic() - self.t0)
+
+
+#: A run's measures beside its report (``runs/<run-id>/explore-run.json``): ``seconds`` (the
+#: stack's preparation and the run) and ``lmcache_counters_grown`` (None: LMCache's /metrics
+#: could not be read).
+MEASURED_FILE = "explore-run.json"
+
+
+def run_measured(scenario: Any, pool: Any, opts: Any, run_id: str, run_dir: Path, say: Callable[[str], None],
+                 box: dict, timeout_s: float | None = None) -> Any:
+    """One generated run on ``pool`` (chaos/runner/suite.py ``run_in_pool``'s signature and
+    contract, so that a campaign worker runs it): the stack is started, reset, or restarted
+    where a run left it holding something (chaos/runner/leaks.py ``restart_dirty``); LMCache's
+    counter totals are read before and after (chaos/explore/guidance.py); the run's report and
+    :data:`MEASURED_FILE` are written in ``run_dir``.
+
+    Returns:
+        The run's RunResult (an infrastructure-error one when the stack could not be prepared).
+
+    Raises:
+        RunInterrupted: SIGINT or SIGTERM meanwhile (the report is written).
+    """
+    from chaos.runner.leaks import restart_dirty
+    from chaos.runner.run import run_scenario
+    from chaos.runner.suite import infra_error_result
+    from chaos.yamlsource import ConfigError
+
+    start = time.monotonic()
+    combination = None
+    try:
+        stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
+        restart_dirty(stack, say)
+    except (StackError, ConfigError) as exc:
+        box["result"] = infra_error_result(scenario, run_id, run_dir, f"stack: {exc}")
+    else:
+        metrics = (stack.spec.settings.lmcache_http or "").rstrip("/")
+        before = counter_totals(metrics + "/metrics") if metrics else None
+        box["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id,
+                                     timeout_s=opts.timeout_s if timeout_s is None else timeout_s,
+                                     progress=lambda m, n=scenario.name: say(f"[{n}] {m}"),
+                                     after_checks=opts.after_checks)
+        combination = grown(before, counter_totals(metrics + "/metrics") if metrics else None)
+    result = box["result"]
+    with interrupts.deferred():
+        pool.release(Path(scenario.stack), result)
+        (run_dir / "result.json").write_text(result.model_dump_json(indent=2))
+        (run_dir / MEASURED_FILE).write_text(json.dumps({
+            "seconds": round(time.monotonic() - start, 1),
+            "lmcache_counters_grown": None if combination is None else sorted(combination)}) + "\n")
+    return result
+
+
+def _explore_serial(explorer: _Explorer, sopts: Any, say: Callable[[str], None]) -> None:
+    """Generated runs one after another on the explorer's pool, until next_run says stop."""
+    from chaos.runner.suite import prepare_run, result_after_interrupt
+
+    while (plan := explorer.next_run()) is not None:
+        run_id, run_dir = prepare_run(plan.scenario, sopts)
+        box = {"scenario": plan.scenario, "run_id": run_id, "run_dir": run_dir, "result": None}
+        try:
+            result = run_measured(plan.scenario, explorer.pool, sopts, run_id, run_dir, say, box)
+        except KeyboardInterrupt as exc:
+            stop = interrupts.as_interrupt(exc)
+            stop.results = [result_after_interrupt(box, stop)]
+            raise stop from None
+        explorer.take(result)
+
+
+def _explore_parallel(explorer: _Explorer, sopts: Any, jobs: int, say: Callable[[str], None]) -> None:
+    """Generated runs on ``jobs`` campaign workers (each its own stack), results taken as they
+    come; a signal's RunInterrupted carries the results not taken yet."""
+    from chaos.campaign import CampaignRun, run_stream
+
+    def feed() -> CampaignRun | None:
+        plan = explorer.next_run()
+        return None if plan is None else CampaignRun(plan.scenario)
+
+    try:
+        results, _suite = run_stream(feed, lambda _k, result: explorer.take(result), sopts, jobs,
+                                     run_fn=run_measured, say=say)
+    except KeyboardInterrupt as exc:
+        stop = interrupts.as_interrupt(exc)
+        raise stop from None
+    for result in results:  # a worker that died: its run's infrastructure error, if not taken
+        explorer.take_late(result)
 
 
 def _kinds(data: dict) -> list[str]:

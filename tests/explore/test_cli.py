@@ -18,7 +18,8 @@ KVCHAOS = [sys.executable, "-m", "chaos.entry"]
     (["--stack", "compose/reference.yml", "--budget", "soon"], "--budget"),
     (["--stack", "compose/reference.yml", "--budget", "0s"], "more than 0"),
     (["--stack", "compose/reference.yml", "--bug", "no-such-bug"], "unknown --bug"),
-    (["--stack", "compose/reference.yml", "--jobs", "2"], "--jobs"),
+    (["--stack", "compose/reference.yml", "--jobs", "0"], "--jobs"),
+    (["--stack", "compose/reference.yml", "--jobs", "many"], "--jobs"),
     (["--stack", "scenarios/smoke.yaml"], "--stack"),  # a scenario, not a stack file
 ])
 def test_bad_input_exit_2_nothing_started(args: list[str], words: str, tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
-"""``kvchaos explore`` end to end on the reference stack with a planted engine bug: one
-generated run is caught, diagnosed, shrunk and signed; the finding's file validates, names the
-bug and passes on the clean engine; summary.json and index.html are written. SIGTERM mid-run
-leaves an interrupted report, the summary and no stack process. Marked slow (one stack each,
-a few runs: about 2.5 minutes for both on the 2-core host).
+"""``kvchaos explore`` end to end on the reference stack with a planted engine bug: with
+``--jobs 2`` two generated runs go side by side, the first is caught, diagnosed, shrunk and
+signed; the finding's file validates, names the bug and passes on the clean engine;
+summary.json and index.html are written. SIGTERM mid-run (serial) leaves an interrupted report,
+the summary and no stack process. Marked slow (three stacks, then one).
 
 Seed 55's first scenario is a light one (one cancel fault, 6 requests, prefixes of 255-698
 tokens: LMCache hits that hit-plus-one-chunk turns into wrong outputs); a change of the generator
@@ -23,22 +23,44 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_explore_finds_a_planted_bug_and_writes_a_shrunk_finding(tmp_path: Path) -> None:
+def test_explore_jobs_2_finds_a_planted_bug_side_by_side_and_writes_a_shrunk_finding(tmp_path: Path) -> None:
+    """``--jobs 2``: the first two generated scenarios run at once in two campaign workers, each
+    on a stack of its own (their runs overlap in time); each result comes back here, where the
+    failed ones are diagnosed (in their workers), shrunk, controlled on this process's stack and
+    signed. The serial loop's finding path is the same code (``_Explorer.take``); the serial
+    loop itself runs in `make explore-smoke` and in the SIGTERM test below."""
+    from datetime import datetime
+
+    import psutil
+
     out = tmp_path / "explore"
     done = subprocess.run(
         [sys.executable, "-m", "chaos.entry", "explore", "--stack", "compose/reference.yml", "--seed", "55",
-         "--max-runs", "1", "--budget", "6m", "--bug", "hit-plus-one-chunk", "--shrink-budget", "1s",
-         "--shrink-reruns", "1", "--diagnose", "1", "--diagnose-budget", "30", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+         "--max-runs", "2", "--jobs", "2", "--budget", "10m", "--bug", "hit-plus-one-chunk", "--shrink-budget", "1s",
+         "--shrink-reruns", "1", "--diagnose", "1", "--diagnose-budget", "120", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]  # 1: a new signature
     (folder,) = out.iterdir()
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["run_count"] == 1 and summary["failed"] == 1 and summary["generator_invalid"] == []
-    (sig,) = summary["signatures"]
+    assert summary["jobs"] == 2 and summary["run_count"] == 2 and summary["stopped_by"] == "max-runs 2", summary
+    assert summary["generator_invalid"] == [] and summary["error"] == 0
+    assert [r["index"] for r in summary["runs"]] == [0, 1]
+    assert summary["runs"][0]["outcome"] == "failed", summary["runs"][0]
+    spans = []
+    for row in summary["runs"]:
+        assert Path(row["run_dir"]).parent == folder / "runs", row["run_dir"]
+        run = json.loads((Path(row["run_dir"]) / "result.json").read_text())
+        assert (Path(row["run_dir"]) / "explore-run.json").is_file()
+        start = datetime.fromisoformat(run["started_at"]).timestamp()
+        spans.append((start, start + run["durations"]["total_s"]))
+    (a0, a1), (b0, b1) = spans
+    assert a0 < b1 and b0 < a1, spans  # side by side, not one after the other
+    sig = next(g for g in summary["signatures"] if g["first_run_index"] == 0)
     # the control shows the failure needs the bug: the signature drops the cancel the shrink kept
     assert sig["checks"] == ["recompute_equivalence"] and sig["faults"] == [], sig
+    assert sig["diagnosis"] == "prefix_length", sig
     assert sig["reproducer_faults"] == ["cancel"] and sig["faults_irrelevant"] == "control", sig
-    assert sig["count"] == 1 and sig["first_run_index"] == 0 and sig["known"] is None
+    assert sig["known"] is None
     assert sig["shrink"]["done"] and sig["shrink"]["verified"] == 1, sig["shrink"]
     # the control run of the finding on the clean engine passes: the failure is the bug's
     assert sig["clean_engine_failed_checks"] == [] and sig["attributed_to_bug"] is True, sig
@@ -48,6 +70,14 @@ def test_explore_finds_a_planted_bug_and_writes_a_shrunk_finding(tmp_path: Path)
     page = (folder / "index.html").read_text()
     assert sig["signature"] in page and "report.html" in page
     assert (Path(summary["runs"][0]["run_dir"]) / "report.html").is_file()
+    left = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if str(folder) in p.environ().get("KVCHAOS_RUN_DIR", ""):
+                left.append(p.info)
+        except psutil.Error:
+            continue
+    assert left == [], left  # no service of any worker's stack, nor of the control's
 
 
 @pytest.mark.slow
@@ -90,3 +120,4 @@ def test_sigterm_mid_run_heals_stops_and_still_writes_the_summary(tmp_path: Path
         except psutil.Error:
             continue
     assert left == [], left  # no service of the stack (KVCHAOS_RUN_DIR under the exploration's folder)
+

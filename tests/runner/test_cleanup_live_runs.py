@@ -234,3 +234,26 @@ def test_only_limits_cleanup_to_the_named_journals(tmp_path):
         for p in (mine, theirs):
             if p.poll() is None:
                 p.kill()
+
+
+def test_a_journal_written_again_after_close_names_its_live_owner(tmp_path):
+    """A stack restarted by its pool (down: the journal closed, its file deleted; up: the same
+    Journal writes again) must still name its runner: the new file once had no owner line, so
+    `kvchaos cleanup` took the live runner for gone and tore its restarted stack down (seen on
+    the 2-core host: a loaded catalogue run's stack, restarted after a disruptive scenario,
+    lost its processes and its L2 mount to a cleanup run next to it)."""
+    service = _sleeper()
+    try:
+        j = Journal("restarted-stack", directory=tmp_path / "journal")
+        j.add("mount", "/x", path="/x")
+        j.remove("mount", "/x")
+        j.close()
+        assert not j.path.exists()
+        _add_process(j, service, "redis")  # the stack's next up()
+        assert live_owner(j.path) is not None and live_owner(j.path)["pid"] == os.getpid()
+        rep = cleanup(tmp_path / "journal")
+        assert rep.undone == [] and len(rep.skipped) == 1, rep
+        assert service.poll() is None and j.path.exists()
+    finally:
+        service.kill()
+        service.wait()
