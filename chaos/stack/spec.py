@@ -382,10 +382,10 @@ class KvLayout(BaseModel):
     - ``cpu_attn`` (vLLM's CPU attention backend, ``vllm/v1/attention/backends/cpu_attn.py``):
       per layer ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (KV cache layout
       ``LBHNC``, hint ``HND``: LMCache ``NL_X_NB_NH_BS_CS``), which vLLM reads as ``[num_blocks,
-      num_kv_heads, 2 * block_size, head_size]`` cut into K (first ``block_size`` rows) and V;
-      objects ``[num_layers, chunk_size, num_kv_heads * 2 * head_size]`` whose rows are that
-      block memory in order, so reading them back needs ``num_kv_heads`` and the engine's
-      ``block_size``.
+      num_kv_heads, 2 * block_size, head_size]`` cut into K (first ``block_size`` rows, written
+      dimension-major by its cache-write kernel) and V; objects ``[num_layers, chunk_size,
+      num_kv_heads * 2 * head_size]`` whose rows are that block memory in order, so reading them
+      back needs ``num_kv_heads`` and the engine's ``block_size``.
     """
 
     model_config = ConfigDict(extra="forbid")
