@@ -153,7 +153,8 @@ class _Context:
         if key not in self.readers:
             assert self.layout is not None
             r = KVReader(info.zmq_url, model, num_layers=self.layout.num_layers, hidden_dim=self.layout.hidden_dim,
-                         dtype=self.layout.dtype, chunk_size=info.chunk_size)
+                         dtype=self.layout.dtype, chunk_size=info.chunk_size, paged=self.layout.paged,
+                         num_kv_heads=self.layout.num_kv_heads, block_size=self.layout.block_size)
             self.readers[key] = self.stack.enter_context(r)
         return self.readers[key]
 
@@ -174,6 +175,8 @@ def _resolve_layout(ctx: _Context) -> None:
             ctx.problems.append(f"KV layout: not in the stack file and the engine's /debug/state has none ({exc})")
     else:
         ctx.problems.append("KV layout unknown: set x-kvchaos.kv_layout in the stack file")
+    if ctx.layout is not None and ctx.layout.paged == "cpu_attn" and ctx.layout.block_size is None:
+        _engine_block_size(ctx)
     if ctx.layout is not None and ctx.main is not None and not ctx.main.serde:
         from chaos.diagnose.lmcache import fs_object_size
 
@@ -183,6 +186,33 @@ def _resolve_layout(ctx: _Context) -> None:
             ctx.problems.append(f"KV layout {ctx.layout.model_dump()} ({ctx.layout_source}) gives {want}-byte "
                                 f"objects, but LMCache's fs L2 holds {size}-byte ones")
             ctx.layout = None
+
+
+def _engine_block_size(ctx: _Context) -> None:
+    """Complete a ``cpu_attn`` layout with the engine's block size, the ``block_size`` label of
+    its cache-config info series (vLLM: ``vllm:cache_config_info``, vllm/v1/metrics/loggers.py);
+    the layout is dropped, with the problem noted, when the engine does not say."""
+    from chaos.prometheus import parse_selector, text_samples
+
+    assert ctx.layout is not None
+    s = ctx.settings
+    sel = parse_selector(s.engine_metrics.cache_config_info)
+    where = f"{(s.engine_url or '').rstrip('/')}/metrics"
+    try:
+        if not s.engine_url:
+            raise ValueError("the stack names no engine_url")
+        text = httpx.get(where, timeout=max(0.2, min(10.0, ctx.left()))).raise_for_status().text
+        sizes = {labels.get("block_size") for name, labels, _ in text_samples(text) if sel.matches(name, labels)}
+        if len(sizes) != 1 or not str(next(iter(sizes)) or "").isdigit():
+            raise ValueError(f"{sel} gives block_size {sorted(map(str, sizes))}")
+        block = int(next(iter(sizes)))  # type: ignore[arg-type]
+    except (httpx.HTTPError, ValueError) as exc:
+        ctx.problems.append(f"KV layout: the engine's block size is not in the stack file and {where} does not "
+                            f"give it ({exc})")
+        ctx.layout = None
+        return
+    ctx.layout = ctx.layout.model_copy(update={"block_size": block})
+    ctx.layout_source += f", block_size from {sel}"
 
 
 def _prepare(settings: KvchaosSettings, options: DiagnoseOptions, deadline: float = float("inf")) -> _Context:

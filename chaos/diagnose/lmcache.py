@@ -8,9 +8,15 @@ The reader is one more KV "engine" registered with the server: it looks a prompt
 retrieves its chunks into its own buffer, exactly what an engine would be served (from L1, or
 from L2 through the server's prefetch). It never imports the reference engine, so it works for
 any engine that stores through LMCache; it only needs the model name in the keys and the KV
-layout (objects are ``[2, num_layers, chunk_size, hidden_dim]``: lmcache
-``register_kv_cache_engine_driven_context``). Every lookup's read locks are freed and its
-session ended before a call returns.
+layout. The reader's blocks have the engine's paged format (``paged``, chaos.stack.spec
+KvLayout): LMCache picks its transfer format from the registered tensors (lmcache
+``compute_kv_layout``) and the object bytes are that format's, so a reader registered in
+another format is served objects it cannot scatter (``scatter_cpu_to_paged_kv``: "shape ... is
+invalid", the retrieve answered as failed). ``kv_planes``: objects ``[2, num_layers,
+chunk_size, hidden_dim]``; ``cpu_attn`` (vLLM CPU): objects ``[num_layers, chunk_size,
+2 * hidden_dim]`` holding the engine's block memory, decoded here the way vLLM's CPU attention
+reads its blocks. Every lookup's read locks are freed and its session ended before a call
+returns.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ from chaos.stack.environment import TELEMETRY_OFF
 
 os.environ.update(TELEMETRY_OFF)  # before lmcache is imported (it reads them at import)
 
-_BLOCK_SIZE = 16
+_BLOCK_SIZE = 16  # the reader's block size where the object layout does not depend on it
 _TORCH_DTYPES = ("float32", "float16", "bfloat16")
+_PAGED = ("kv_planes", "cpu_attn")
 
 
 def quiet_lmcache() -> None:
@@ -194,19 +201,39 @@ class KVReader:
         model_name: the model name in the keys (the engine's).
         num_layers, hidden_dim, dtype: the KV layout (``hidden_dim`` = KV heads x head size).
         chunk_size: the server's chunk size.
+        paged: the engine's paged KV format, ``kv_planes`` or ``cpu_attn`` (chaos.stack.spec
+            KvLayout).
+        num_kv_heads: KV heads (``cpu_attn``).
+        block_size: the engine's tokens per block (``cpu_attn``; must divide ``chunk_size``).
         max_tokens: the longest prefix one read covers (sizes the buffer).
         mq_timeout_s: bound of every LMCache call.
 
     Raises:
+        ValueError: a layout the reader cannot describe (unknown dtype or paged format,
+            ``cpu_attn`` without heads or block size, heads not dividing ``hidden_dim``, a
+            block size not dividing the chunk).
         LMCacheReadError: on connect/register failure (from ``__enter__``).
     """
 
     def __init__(self, url: str, model_name: str, *, num_layers: int, hidden_dim: int, dtype: str,
-                 chunk_size: int, max_tokens: int = 8192, mq_timeout_s: float = 5.0) -> None:
+                 chunk_size: int, paged: str = "kv_planes", num_kv_heads: int | None = None,
+                 block_size: int | None = None, max_tokens: int = 8192, mq_timeout_s: float = 5.0) -> None:
         if dtype not in _TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {_TORCH_DTYPES}, got {dtype!r}")
+        if paged not in _PAGED:
+            raise ValueError(f"paged must be one of {_PAGED}, got {paged!r}")
+        if paged == "cpu_attn":
+            if not num_kv_heads or not block_size:
+                raise ValueError("paged cpu_attn needs num_kv_heads and block_size (the engine's)")
+            if hidden_dim % num_kv_heads:
+                raise ValueError(f"hidden_dim {hidden_dim} is not a multiple of num_kv_heads {num_kv_heads}")
+        else:  # the object layout does not depend on the block size or the head split
+            num_kv_heads, block_size = 1, _BLOCK_SIZE
+        if chunk_size % block_size:
+            raise ValueError(f"block size {block_size} does not divide the chunk size {chunk_size}")
         self.url, self.model_name = url, model_name
         self.num_layers, self.hidden_dim, self.dtype = num_layers, hidden_dim, dtype
+        self.paged, self.num_kv_heads, self.block_size = paged, num_kv_heads, block_size
         self.chunk_size = chunk_size
         self.mq_timeout_s = mq_timeout_s
         self._chunks = max(1, -(-max_tokens // chunk_size))
@@ -227,23 +254,29 @@ class KVReader:
         from lmcache.v1.multiprocess.group_view import EngineGroupInfo
 
         # Block 0 is LMCache's null block id (mp.null_block_id): never a target.
-        blocks = 1 + self._chunks * self.chunk_size // _BLOCK_SIZE
+        bs = self.block_size
+        blocks = 1 + self._chunks * self.chunk_size // bs
         dt = getattr(torch, self.dtype)
-        # One "head" of hidden_dim: the object layout only sees num_layers x hidden_dim.
-        self._kv = {f"model.layers.{i}.self_attn": torch.zeros(2, blocks, _BLOCK_SIZE, 1, self.hidden_dim, dtype=dt)
-                    for i in range(self.num_layers)}
+        if self.paged == "cpu_attn":
+            # vLLM CPU's per-layer view [NB, NH, BS, 2*HS] with its HND hint (NL_X_NB_NH_BS_CS).
+            shape: tuple[int, ...] = (blocks, self.num_kv_heads, bs, 2 * self.hidden_dim // self.num_kv_heads)
+            hint = "HND"
+        else:
+            # One "head" of hidden_dim: the object layout only sees num_layers x hidden_dim.
+            shape, hint = (2, blocks, bs, 1, self.hidden_dim), "NHD"
+        self._kv = {f"model.layers.{i}.self_attn": torch.zeros(*shape, dtype=dt) for i in range(self.num_layers)}
         strategy = ParallelStrategy(mla_only=False, vllm_world_size=1, vllm_worker_id=0, tp_size=1, pp_size=1,
                                     n_servers=1)
         extra = {"lmcache.mp.mq_timeout": self.mq_timeout_s, "lmcache.mp.heartbeat_interval": 2.0}
         ctx = zmq.Context.instance()
         try:
-            self._scheduler = LMCacheMPSchedulerAdapter([self.url], ctx, self.model_name, _BLOCK_SIZE, strategy,
+            self._scheduler = LMCacheMPSchedulerAdapter([self.url], ctx, self.model_name, bs, strategy,
                                                         extra_config=extra)
-            self._worker = LMCacheMPWorkerAdapter(self.url, ctx, self.model_name, _BLOCK_SIZE, strategy,
+            self._worker = LMCacheMPWorkerAdapter(self.url, ctx, self.model_name, bs, strategy,
                                                   extra_config=extra)
             self._worker.register_kv_caches(
                 self._kv, [EngineGroupInfo(engine_group_id=0, layer_indices=tuple(range(self.num_layers)),
-                                           tokens_per_block=_BLOCK_SIZE)], {"kv_layout": "NHD"})
+                                           tokens_per_block=bs)], {"kv_layout": hint})
         except Exception as exc:  # noqa: BLE001 - any failure: this server cannot be read
             self.close()
             raise LMCacheReadError(f"cannot register a KV reader with LMCache at {self.url}: {exc}") from exc
@@ -336,7 +369,7 @@ class KVReader:
                 return 0, None
             for t in self._kv.values():
                 t.zero_()
-            nb = n // _BLOCK_SIZE
+            nb = n // self.block_size
             op = LoadStoreOp(token_ids=list(token_ids), block_ids=[list(range(1, 1 + nb))], start=0, end=n,
                              skip_first_n_tokens=0)
             w = self._worker
@@ -357,13 +390,31 @@ class KVReader:
                 time.sleep(0.002)
         finally:
             self._end(rid)
-        # [2, blocks, bs, 1, H] per layer -> [chunks, 2, L, chunk, H]
-        per_layer = [self._kv[f"model.layers.{i}.self_attn"][:, 1:1 + nb, :, 0, :].reshape(2, n, self.hidden_dim)
-                     for i in range(self.num_layers)]
+        per_layer = [self._kv_of_layer(self._kv[f"model.layers.{i}.self_attn"], nb, n) for i in range(self.num_layers)]
         kv = torch.stack(per_layer, dim=1)  # [2, L, n, H]
         chunks = n // self.chunk_size
         out = kv.reshape(2, self.num_layers, chunks, self.chunk_size, self.hidden_dim).permute(2, 0, 1, 3, 4)
         return n, out.contiguous().clone()
+
+    def _kv_of_layer(self, layer, nb: int, n: int):
+        """The K and V of blocks ``1..nb`` of one layer of the reader's buffer as ``[2, n, H]``
+        (tokens in order, H = heads x head size, head-major)."""
+        import torch
+
+        if self.paged == "kv_planes":  # [2, blocks, bs, 1, H]
+            return layer[:, 1:1 + nb, :, 0, :].reshape(2, n, self.hidden_dim)
+        # cpu_attn: vLLM's CPU attention views a layer [NB, NH, BS, 2*HS] as [NB, NH, 2*BS, HS]
+        # and cuts it into K (the first BS*HS elements of each block's head) and V
+        # (vllm/v1/attention/backends/cpu_attn.py, CPUAttentionBackendImpl.forward); its cache
+        # write (ops.cpu_attn_reshape_and_cache, ISAs vec and vec16) stores K dimension-major,
+        # [HS, BS], and V token-major, [BS, HS] (checked against that kernel:
+        # tests/vllm/test_diagnose_reader.py).
+        blocks, heads, bs, twice_hs = layer.shape
+        hs = twice_hs // 2
+        mem = layer.view(blocks, heads, 2 * bs * hs)[1:1 + nb]
+        k = mem[..., :bs * hs].reshape(nb, heads, hs, bs).permute(0, 3, 1, 2)  # [nb, BS, NH, HS]
+        v = mem[..., bs * hs:].reshape(nb, heads, bs, hs).permute(0, 2, 1, 3)
+        return torch.stack([t.reshape(n, self.hidden_dim) for t in (k, v)])
 
 
 def delete_objects(info: ServerInfo, keys: list[dict[str, Any]], timeout_s: float = 10.0) -> list[str]:

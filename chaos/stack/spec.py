@@ -345,6 +345,10 @@ class EngineMetrics(BaseModel):
     external_prefix_cache_hits: str = Field(
         default="vllm:external_prefix_cache_hits_total",
         description="counter of tokens served by the KV connector (LMCache)")
+    cache_config_info: str = Field(
+        default="vllm:cache_config_info",
+        description="info gauge of the engine's cache config; its block_size label is the tokens per "
+                    "KV block (read by `kvchaos diagnose` when x-kvchaos.kv_layout gives no block_size)")
 
     @field_validator("*")
     @classmethod
@@ -364,13 +368,45 @@ class WitnessSettings(BaseModel):
 
 
 class KvLayout(BaseModel):
-    """The engine's KV layout as LMCache stores it: objects of ``[2, num_layers, chunk_size,
-    hidden_dim]`` (K and V planes; lmcache ``register_kv_cache_engine_driven_context``)."""
+    """The engine's KV layout: its paged KV blocks and the objects LMCache stores from them, so
+    that `kvchaos diagnose` can register a reader whose blocks LMCache fills the way it fills the
+    engine's (LMCache picks its transfer format from the registered tensors' shape and the
+    ``kv_layout`` hint, lmcache ``compute_kv_layout``; the object bytes are that format's).
+
+    ``paged``:
+
+    - ``kv_planes`` (the reference engine, vLLM's GPU FlashAttention): per layer ``[2,
+      num_blocks, block_size, num_kv_heads, head_size]``, K and V planes, hint ``NHD`` (LMCache
+      ``NL_X_TWO_NB_BS_NH_HS``); objects ``[2, num_layers, chunk_size, hidden_dim]``, the same
+      whatever the engine's block size and head split.
+    - ``cpu_attn`` (vLLM's CPU attention backend, ``vllm/v1/attention/backends/cpu_attn.py``):
+      per layer ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (KV cache layout
+      ``LBHNC``, hint ``HND``: LMCache ``NL_X_NB_NH_BS_CS``), which vLLM reads as ``[num_blocks,
+      num_kv_heads, 2 * block_size, head_size]`` cut into K (first ``block_size`` rows, written
+      dimension-major by its cache-write kernel) and V; objects ``[num_layers, chunk_size,
+      num_kv_heads * 2 * head_size]`` whose rows are that block memory in order, so reading them
+      back needs ``num_kv_heads`` and the engine's ``block_size``.
+    """
 
     model_config = ConfigDict(extra="forbid")
     num_layers: int = Field(gt=0)
     hidden_dim: int = Field(gt=0, description="num_kv_heads * head_size")
     dtype: str = Field(default="float32", pattern=r"^(float32|float16|bfloat16)$")
+    paged: Literal["kv_planes", "cpu_attn"] = Field(
+        default="kv_planes", description="the engine's paged KV format (see the class docstring)")
+    num_kv_heads: int | None = Field(default=None, gt=0, description="KV heads (needed by paged: cpu_attn)")
+    block_size: int | None = Field(
+        default=None, gt=0,
+        description="the engine's tokens per KV block (paged: cpu_attn); default: the block_size label "
+                    "of the engine's x-kvchaos.engine_metrics.cache_config_info series, read at diagnosis")
+
+    @model_validator(mode="after")
+    def _heads(self) -> KvLayout:
+        if self.paged == "cpu_attn" and self.num_kv_heads is None:
+            raise ValueError("paged: cpu_attn needs num_kv_heads")
+        if self.num_kv_heads is not None and self.hidden_dim % self.num_kv_heads:
+            raise ValueError(f"hidden_dim {self.hidden_dim} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        return self
 
 
 class KvchaosSettings(BaseModel):

@@ -443,3 +443,42 @@ def test_cli_names_a_leak_when_nothing_can_be_diagnosed(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["diagnose", str(tmp_path)])
     assert r.exit_code == 0 and "nothing to diagnose" in r.output
     assert "leaks (lmcache.active_sessions=24 after quiesce)" in r.output and "not a request's answer" in r.output
+
+
+def test_a_cpu_attn_layout_takes_the_engines_block_size_from_its_cache_config_info() -> None:
+    """vLLM CPU's LMCache objects hold its block memory, so the reader needs vLLM's block size:
+    read from the block_size label of vllm:cache_config_info (vllm/v1/metrics/loggers.py, the
+    series as vLLM 0.32 exports it); an engine that does not say leaves the layout unknown, with
+    the reason, rather than a reader that guesses."""
+    from http.server import BaseHTTPRequestHandler
+
+    from chaos.diagnose.diagnose import DiagnoseOptions, _Context, _resolve_layout
+    from chaos.stack.spec import KvchaosSettings, KvLayout
+    from kvchaos_support import http_server
+
+    body = {"/metrics": ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+                         '# TYPE vllm:cache_config_info gauge\n'
+                         'vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0"} 1.0\n')}
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            text = body.get(self.path, "").encode()
+            self.send_response(200 if text else 404)
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with pytest.raises(ValueError, match="cpu_attn needs num_kv_heads"):
+        KvLayout(num_layers=4, hidden_dim=256, paged="cpu_attn")
+    layout = KvLayout(num_layers=4, hidden_dim=256, num_kv_heads=4, paged="cpu_attn")
+    with http_server(Metrics) as port:
+        ctx = _Context(settings=KvchaosSettings(engine_url=f"http://127.0.0.1:{port}", kv_layout=layout),
+                       options=DiagnoseOptions())
+        _resolve_layout(ctx)
+        assert ctx.layout is not None and ctx.layout.block_size == 32 and not ctx.problems
+        body["/metrics"] = "vllm:num_requests_running 0\n"
+        ctx = _Context(settings=ctx.settings, options=DiagnoseOptions())
+        _resolve_layout(ctx)
+    assert ctx.layout is None and "block size" in ctx.problems[0] and "vllm:cache_config_info" in ctx.problems[0]
