@@ -23,6 +23,20 @@ from chaos.scenario.loader import check_scenario
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _services_left(folder: Path) -> list[dict]:
+    """Processes whose KVCHAOS_RUN_DIR (every stack service has one) is under ``folder``."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if str(folder) in p.environ().get("KVCHAOS_RUN_DIR", ""):
+                left.append(p.info)
+        except psutil.Error:
+            continue
+    return left
+
+
 @pytest.mark.slow
 def test_explore_jobs_2_finds_a_planted_bug_side_by_side_and_writes_a_shrunk_finding(tmp_path: Path) -> None:
     """``--jobs 2``: the first two generated scenarios run at once in two campaign workers, each
@@ -31,8 +45,6 @@ def test_explore_jobs_2_finds_a_planted_bug_side_by_side_and_writes_a_shrunk_fin
     signed. The serial loop's finding path is the same code (``_Explorer.take``); the serial
     loop itself runs in `make explore-smoke` and in the SIGTERM test below."""
     from datetime import datetime
-
-    import psutil
 
     out = tmp_path / "explore"
     done = subprocess.run(
@@ -73,14 +85,7 @@ def test_explore_jobs_2_finds_a_planted_bug_side_by_side_and_writes_a_shrunk_fin
     page = (folder / "index.html").read_text()
     assert sig["signature"] in page and "report.html" in page
     assert all((Path(r["run_dir"]) / "report.html").is_file() for r in summary["runs"])
-    left = []
-    for p in psutil.process_iter(["pid", "name"]):
-        try:
-            if str(folder) in p.environ().get("KVCHAOS_RUN_DIR", ""):
-                left.append(p.info)
-        except psutil.Error:
-            continue
-    assert left == [], left  # no service of any worker's stack, nor of the control's
+    assert _services_left(folder) == []  # no service of any worker's stack, nor of the control's
 
 
 @pytest.mark.slow
@@ -113,14 +118,5 @@ def test_sigterm_mid_run_heals_stops_and_still_writes_the_summary(tmp_path: Path
     assert (folder / "index.html").is_file()
     run = json.loads((Path(summary["runs"][0]["run_dir"]) / "result.json").read_text())
     assert run["verdict"] == "interrupted"
-    import psutil
-
-    left = []
-    for p in psutil.process_iter(["pid", "name"]):
-        try:
-            if str(folder) in p.environ().get("KVCHAOS_RUN_DIR", ""):
-                left.append(p.info)
-        except psutil.Error:
-            continue
-    assert left == [], left  # no service of the stack (KVCHAOS_RUN_DIR under the exploration's folder)
+    assert _services_left(folder) == []  # no service of the stack
 
