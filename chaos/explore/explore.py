@@ -445,22 +445,16 @@ def _explore_serial(explorer: _Explorer, sopts: Any, say: Callable[[str], None])
 
 
 def _explore_parallel(explorer: _Explorer, sopts: Any, jobs: int, say: Callable[[str], None]) -> None:
-    """Generated runs on ``jobs`` campaign workers (each its own stack), results taken as they
-    come; a signal's RunInterrupted carries the results not taken yet."""
+    """Generated runs on ``jobs`` campaign workers (each its own stack), every result taken as
+    it comes (a dead worker's run too: its infrastructure error); a signal's RunInterrupted
+    carries every result, those not taken yet included (run_explore records them)."""
     from chaos.campaign import CampaignRun, run_stream
 
     def feed() -> CampaignRun | None:
         plan = explorer.next_run()
         return None if plan is None else CampaignRun(plan.scenario)
 
-    try:
-        results, _suite = run_stream(feed, lambda _k, result: explorer.take(result), sopts, jobs,
-                                     run_fn=run_measured, say=say)
-    except KeyboardInterrupt as exc:
-        stop = interrupts.as_interrupt(exc)
-        raise stop from None
-    for result in results:  # a worker that died: its run's infrastructure error, if not taken
-        explorer.take_late(result)
+    run_stream(feed, lambda _k, result: explorer.take(result), sopts, jobs, run_fn=run_measured, say=say)
 
 
 def _kinds(data: dict) -> list[str]:
