@@ -5,7 +5,9 @@ can: they import vllm; skipped otherwise). The runs on the real stack: tests/vll
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -51,32 +53,66 @@ def test_unknown_bug_is_refused_with_the_known_ones():
         bugs.install(["no-such-bug"])
 
 
-def test_the_import_hook_patches_the_module_when_it_is_imported(tmp_path, monkeypatch):
-    """A module named like LMCache's metadata module, with a tracker class, imported after
-    install: the drop-cache-salt wrapper is in place and drops the salt."""
-    pkg = tmp_path / "lmcache" / "integration" / "vllm"
+def _lmcache_modules() -> dict:
+    return {m: mod for m, mod in sys.modules.items() if m == "lmcache" or m.startswith("lmcache.")}
+
+
+@contextlib.contextmanager
+def _fake_lmcache_package(root: Path):
+    """A package named ``lmcache`` under ``root`` with a metadata module shaped like LMCache's,
+    importable inside the block; on exit sys.modules holds again exactly the ``lmcache`` modules
+    it held before (the fake ones out, the real ones back), so a later test that imports LMCache
+    in the same process gets LMCache, not the fake."""
+    pkg = root / "lmcache" / "integration" / "vllm"
     pkg.mkdir(parents=True)
-    for d in (tmp_path / "lmcache", tmp_path / "lmcache/integration", pkg):
+    for d in (root / "lmcache", root / "lmcache/integration", pkg):
         (d / "__init__.py").write_text("")
     (pkg / "lmcache_mp_metadata.py").write_text(
         "class LMCacheMPRequestTracker:\n"
         "    def __init__(self, request):\n"
         "        self.cache_salt = request.cache_salt or ''\n")
-    for name in [m for m in sys.modules if m == "lmcache" or m.startswith("lmcache.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    bugs.install(["drop-cache-salt"])
-    mod = importlib.import_module(bugs.METADATA)
-    assert mod.__file__ == str(pkg / "lmcache_mp_metadata.py")
+    saved = _lmcache_modules()
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    try:
+        yield pkg
+    finally:
+        sys.path.remove(str(root))
+        for name in _lmcache_modules():
+            del sys.modules[name]
+        sys.modules.update(saved)
+        importlib.invalidate_caches()
 
-    class Request:
-        request_id, cache_salt = "r1", "tenant-1"
 
-    assert mod.LMCacheMPRequestTracker(Request()).cache_salt == ""
-    assert mod.LMCacheMPRequestTracker.__init__._kvchaos_bug == "drop-cache-salt"
-    bugs.install(["drop-cache-salt"])  # a second install leaves one wrapper
-    assert mod.LMCacheMPRequestTracker.__init__.__wrapped__.__qualname__ == "LMCacheMPRequestTracker.__init__"
+def test_the_fake_lmcache_package_leaves_sys_modules_as_it_found_it(tmp_path):
+    """Input that showed it (CI, xdist worker gw0 with --dist loadfile): this file, then
+    tests/checks/test_leaks_expired.py in the same process, failed with "No module named
+    'lmcache.lmcache_native'": the fake ``lmcache`` stayed in sys.modules."""
+    before = _lmcache_modules()
+    with _fake_lmcache_package(tmp_path):
+        assert importlib.import_module("lmcache").__file__ == str(tmp_path / "lmcache" / "__init__.py")
+    assert _lmcache_modules() == before
+    if importlib.util.find_spec("lmcache") is not None:
+        assert not importlib.import_module("lmcache").__file__.startswith(str(tmp_path))
+
+
+def test_the_import_hook_patches_the_module_when_it_is_imported(tmp_path, monkeypatch):
+    """A module named like LMCache's metadata module, with a tracker class, imported after
+    install: the drop-cache-salt wrapper is in place and drops the salt."""
+    with _fake_lmcache_package(tmp_path) as pkg:
+        monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+        bugs.install(["drop-cache-salt"])
+        mod = importlib.import_module(bugs.METADATA)
+        assert mod.__file__ == str(pkg / "lmcache_mp_metadata.py")
+
+        class Request:
+            request_id, cache_salt = "r1", "tenant-1"
+
+        assert mod.LMCacheMPRequestTracker(Request()).cache_salt == ""
+        assert mod.LMCacheMPRequestTracker.__init__._kvchaos_bug == "drop-cache-salt"
+        bugs.install(["drop-cache-salt"])  # a second install leaves one wrapper
+        assert mod.LMCacheMPRequestTracker.__init__.__wrapped__.__qualname__ == "LMCacheMPRequestTracker.__init__"
 
 
 def _lmcache_connector_importable() -> bool:
