@@ -67,7 +67,8 @@ class StallHook(BaseModel):
     """``POST /hooks/stall`` body: hold the scheduler ``seconds`` at ``point``, ``count`` times.
 
     Points: ``before_lookup``, ``before_retrieve``, ``before_store``. Opens timing windows
-    for faults (e.g. kill the LMCache server between lookup and retrieve).
+    for faults (e.g. kill the LMCache server between lookup and retrieve). Replaces what is
+    still pending at ``point``; ``seconds`` 0 clears it (nothing is held).
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -333,7 +333,8 @@ class EngineCore:
             point, seconds, count = arg
             if point not in STALL_POINTS:
                 raise ValueError(f"unknown stall point {point!r}; known: {STALL_POINTS}")
-            self._stalls[point] = [float(seconds)] * int(count)
+            # 0 s clears what is pending (kvchaos's reset between scenarios, a stall's heal)
+            self._stalls[point] = [float(seconds)] * int(count) if seconds > 0 else []
             return {"point": point, "seconds": seconds, "count": count}
         if kind == "reset_prefix_cache":
             self.blocks.reset_prefix_cache()

@@ -4,7 +4,7 @@
                  the engine sleeps ``seconds`` at ``point`` the next ``count`` times it gets
                  there: ``before_lookup`` (a request about to ask LMCache), ``before_retrieve``
                  (a positive lookup about to be loaded), ``before_store``
-    heal  ── the stalls not yet used are cleared (one stall of 0 s replaces them)
+    heal  ── the stalls not yet used are cleared (a stall of 0 s: the engine drops what is pending)
 
 Opens a timing window for another fault of the same phase to land in (a slow link while the
 engine is held before a retrieve, a frozen server between lookup and load). The reference
@@ -41,7 +41,8 @@ MAX_STALL_S = 120.0
 
 def stall_line(point: str) -> re.Pattern[str]:
     """The engine's log line for one hold at ``point``: ``hook: stalling <s>s at <point>``,
-    not the 0 s stall that :func:`clear_stall` leaves (the hook takes ``count`` >= 1)."""
+    not a 0 s one (an engine that queues the 0 s stall :func:`clear_stall` sends, instead of
+    dropping what is pending as the reference engine does, logs it when it is reached)."""
     return re.compile(rf"hook: stalling (?!0\.00s)[0-9.]+s at {re.escape(point)}\b")
 
 
@@ -61,8 +62,9 @@ def arm_stall(engine_url: str, point: str, seconds: float, count: int, *, timeou
 
 
 def clear_stall(engine_url: str, point: str) -> int | str:
-    """Replace the stalls still pending at ``point`` by one of 0 s (the hook replaces what is
-    pending; it takes no count of 0). Never raises.
+    """Clear the stalls still pending at ``point``: a stall of 0 s, which the reference engine
+    takes as "drop what is pending" (the hook replaces what is pending; it takes no count of 0).
+    Never raises.
 
     Returns:
         the HTTP status, or the error in words.

@@ -9,7 +9,10 @@ sees another's cache or faults:
    the links are created again;
 3. LMCache's L1 is cleared (``POST /cache/clear`` of the MP server's HTTP API), the Redis L2
    flushed (``FLUSHALL``) and the filesystem L2 emptied;
-4. the engine's local prefix cache is reset (``POST /reset_prefix_cache``, vLLM's route).
+4. the engine's local prefix cache is reset (``POST /reset_prefix_cache``, vLLM's route);
+5. on an engine with stall hooks (capability ``engine.hooks.stall``), the stalls still pending
+   at each point are cleared: a raw ``hook`` fault that armed more holds than its requests
+   used must not hold the next scenario's requests.
 
 A scenario whose stack variables differ from the previous one's (its ``variables``, and its
 engine options ``engine.bugs``/``engine.prefix_caching`` as ``KVCHAOS_ENGINE_BUGS``/
@@ -93,6 +96,11 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
                 r = http.post(f"{s.engine_url}/reset_prefix_cache")
                 if r.status_code != 404:  # an engine without a local prefix cache has no route
                     r.raise_for_status()
+                if "engine.hooks.stall" in stack.spec.capabilities():
+                    from chaos.faults.stall import STALL_POINTS, arm_stall
+
+                    for point in STALL_POINTS:  # 0 s: the engine drops what is pending
+                        arm_stall(s.engine_url, point, 0, 1)
     except httpx.HTTPError as exc:
         raise StackError(f"could not reset the stack between scenarios: {exc}") from exc
     except ToxiproxyError as exc:

@@ -157,6 +157,33 @@ def test_stall_that_no_request_reaches_is_inconclusive(pool, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the reference stack's tmpfs needs root")
+def test_stalls_a_raw_hook_left_armed_do_not_hold_the_next_scenario(pool, tmp_path):
+    """Input that showed it: a raw ``hook`` fault (POST /hooks/stall, as findings and
+    tests/checks/test_bites_on_reference_stack.py write it) armed more holds than its requests
+    used; reset_stack left them armed and the next scenario on the reused stack was held (here
+    20 s before each of its first lookups: liveness failed on a clean engine)."""
+    arm = """  - name: arm
+    requests: 0
+    faults:
+      - kind: hook
+        name: arm-lookup-stalls
+        service: engine
+        apply: {http: {url: "http://127.0.0.1:${ENGINE_PORT}/hooks/stall", json: {point: before_lookup, seconds: 20, count: 5}}}
+        evidence: {argv: ["true"]}
+        duration: 200ms
+"""
+    workload = "{families: 2, prefix_tokens: [0], suffix_tokens: 64, requests: 2, concurrency: 2, max_tokens: 4}"
+    (tmp_path / "arm").mkdir()
+    (tmp_path / "next").mkdir()
+    run(pool, tmp_path / "arm", scenario_text("stall-arm", arm, workload=workload, checks="  evidence: {}\n"))
+    result, got = run(pool, tmp_path / "next", scenario_text(
+        "after-armed-stalls", "  - name: cold\n", workload=workload,
+        checks="  liveness: {request_deadline_s: 15}\n  recompute_equivalence: {}\n"))
+    assert got["liveness"].verdict == "passed", got["liveness"].summary
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the reference stack's tmpfs needs root")
 def test_stall_opens_the_dropped_retrieve_window_and_catches_a_short_free(pool, tmp_path):
     checks = "  liveness: {request_deadline_s: 60}\n  leaks: {quiesce_s: 15}\n  evidence: {}\n"
     result, got = run(pool, tmp_path, scenario_text("stall-bug", DROP_PHASES, bugs="[short-free-after-failed-load]",
