@@ -2,7 +2,8 @@
 
 - Telemetry off for every process a test starts (LMCache, vLLM), as the project promises.
 - kvchaos state (journals, detached stacks) goes to a per-session temporary folder, so tests
-  never touch a user's ~/.local/state/kvchaos and leave nothing behind.
+  never touch a user's ~/.local/state/kvchaos and leave nothing behind: at the session's end
+  ``kvchaos cleanup`` undoes what runs killed by a test left there, and the folder is removed.
 - The real Toxiproxy: ``KVCHAOS_TOXIPROXY_BIN`` when set, else ``toxiproxy-server`` on PATH, else
   the build kept beside the checkout in ``../shared/tools/toxiproxy/`` (the Makefile's default
   too); tests that need it are skipped only when none is there.
@@ -40,11 +41,42 @@ def _default_toxiproxy_bin() -> None:
 _default_toxiproxy_bin()
 
 
+#: The state folder this session made (None when KVCHAOS_STATE_DIR was given, or in an xdist
+#: worker, which inherits the controller's).
+_STATE_DIR_MADE: str | None = None
+
+
 def pytest_configure(config):
     import tempfile
 
+    global _STATE_DIR_MADE
     if not os.environ.get("KVCHAOS_STATE_DIR"):
-        os.environ["KVCHAOS_STATE_DIR"] = tempfile.mkdtemp(prefix="kvchaos-test-state-")
+        os.environ["KVCHAOS_STATE_DIR"] = _STATE_DIR_MADE = tempfile.mkdtemp(prefix="kvchaos-test-state-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """At the end of the session, in the process that made the state folder (the xdist
+    controller, after every worker ended): ``kvchaos cleanup`` of that folder, then the folder
+    is removed. A test that kills a kvchaos process at its timeout (SIGKILL: no teardown) leaves
+    its stacks' journals there, where no later ``kvchaos cleanup`` of a user's state would look;
+    what is undone is written to the terminal, so the test that left it can be found."""
+    import shutil
+    from pathlib import Path
+
+    if _STATE_DIR_MADE is None or not Path(_STATE_DIR_MADE).is_dir():
+        return
+    from chaos.cleanup import cleanup
+
+    report = cleanup(Path(_STATE_DIR_MADE) / "journal")
+    say = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ([f"undone: {m}" for m in report.undone] + [f"cleanup error: {m}" for m in report.errors]
+             + [f"left alone: {m}" for m in report.skipped])
+    if lines and say is not None:
+        say.write_sep("-", f"kvchaos cleanup of the test state folder {_STATE_DIR_MADE}")
+        for line in lines:
+            say.write_line(line)
+    if not report.errors and not report.skipped:
+        shutil.rmtree(_STATE_DIR_MADE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

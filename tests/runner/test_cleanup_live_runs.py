@@ -19,6 +19,8 @@ from chaos.cleanup import cleanup
 from chaos.journal import Journal, all_journals, live_owner, open_entries, owner_alive, owner_record
 from chaos.procid import boot_id, identity, same_process, start_ticks
 
+REPO = Path(__file__).resolve().parents[2]
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -257,3 +259,51 @@ def test_a_journal_written_again_after_close_names_its_live_owner(tmp_path):
     finally:
         service.kill()
         service.wait()
+
+
+#: A test run by an inner pytest session: a "kvchaos" process journals a service (a sleep in
+#: its own process group, as a stack's service) and is then killed with SIGKILL, as a test kills
+#: kvchaos at its timeout; the service's pid goes to $PIDFILE.
+KILLED_RUNNER_TEST = '''
+import os, subprocess, sys
+
+CODE = ("import os, signal, subprocess; from chaos.journal import Journal; "
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+        "Journal('killed-run').add('process', f'sleep:{p.pid}', pid=p.pid, pgid=p.pid, service='sleep'); "
+        "print(p.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+
+
+def test_a_runner_killed_with_its_service_up():
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60)
+    open(os.environ["PIDFILE"], "w").write(out.stdout)
+    assert out.returncode == -9 and out.stdout.strip()
+'''
+
+
+def test_the_test_session_undoes_what_a_killed_runner_left_in_its_state_folder(tmp_path):
+    """Input that showed it: a test that killed its kvchaos subprocess at its timeout left the
+    run's services up, journaled in the session's own state folder (tests/conftest.py), which no
+    later `kvchaos cleanup` reads. The session's end now cleans that folder up and removes it."""
+    (tmp_path / "test_inner.py").write_text(KILLED_RUNNER_TEST)
+    pidfile = tmp_path / "pid"
+    env = {k: v for k, v in os.environ.items() if k not in ("KVCHAOS_STATE_DIR", "PYTEST_ADDOPTS")}
+    env.update(PIDFILE=str(pidfile), PYTHONPATH=str(REPO / "tests"))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                        "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    pid = int(pidfile.read_text())
+    try:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert f"undone: ended process group {pid} (sleep)" in r.stdout, r.stdout[-3000:]
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"the killed runner's service {pid} still runs"
+            time.sleep(0.1)
+        made = [line for line in r.stdout.splitlines() if "kvchaos cleanup of the test state folder" in line]
+        assert made and not Path(made[0].split("folder ")[1].split()[0]).exists()
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
