@@ -73,7 +73,8 @@ demo: setup
 
 ## Every test, in timed stages: the reference stack's image beside the vLLM set-up (.venv-vllm);
 ## unit and integration tests (real LMCache, Redis, proxy, Docker) over TEST_JOBS pytest-xdist
-## workers (a test file stays on one worker, so module-scoped stacks are started once); the
+## workers (a test file stays on one worker, so module-scoped stacks are started once; the
+## longest files first, from tests/file_durations.json: tests/file_durations.py); the
 ## catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own stacks) beside the
 ## network-fault scenarios with the real Toxiproxy and the network suite under --backend compose;
 ## the real proxy's verdicts held against the bundled run's; `make explore-smoke`; the vLLM tier
@@ -88,7 +89,8 @@ test: setup
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse image setup-vllm; \
 	rc=$$?; echo "stage image beside the vLLM set-up (.venv-vllm): $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
-	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile --durations=25 tests; \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder \
+		--junitxml=reports/junit-tests.xml --durations=25 tests; \
 	rc=$$?; echo "stage non-chaos: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); \
 	$(MAKE) --no-print-directory -j3 --output-sync=recurse test-chaos-bundled test-real-network test-real-compose; \
@@ -170,9 +172,11 @@ endif
 	$(PY) -m pytest -q -p no:cacheprovider -m nightly $(SPLIT) tests || test $$? -eq 5  # 5: none in this group
 
 ## .test_durations (the nightly shards' balance) from the scenario times a `make test` run
-## recorded (reports/durations-chaos.json).
+## recorded (reports/durations-chaos.json), and tests/file_durations.json (the non-chaos stage's
+## longest-file-first order) from its junit xml (reports/junit-tests.xml).
 record-durations:
 	$(PY) -c "import json, pathlib; p = pathlib.Path('.test_durations'); old = json.loads(p.read_text()) if p.exists() else {}; new = json.loads(pathlib.Path('reports/durations-chaos.json').read_text()); p.write_text(json.dumps({**old, **new}, indent=2, sort_keys=True) + chr(10))"
+	$(PY) tests/file_durations.py record reports/junit-tests.xml
 
 # No real Toxiproxy binary: an error under CI, a skip elsewhere.
 NO_TOXIPROXY = if [ -n "$$CI" ]; then echo "$@: error: no toxiproxy-server (set KVCHAOS_TOXIPROXY_BIN)" >&2; exit 1; fi; \

@@ -10,6 +10,11 @@
 - Signal handlers (SIGINT, SIGTERM, SIGHUP) come back after every test: a CLI command run in
   this process (``kvchaos run`` ends with ``interrupts.exit_on_signal()``) must not change how
   the next test, or pytest itself, reacts to a signal.
+- Under ``--dist loadfile`` (``make test``'s non-chaos stage) the test files are collected
+  longest first, from the seconds per file in ``tests/file_durations.json`` (``make
+  record-durations`` refreshes it; tests/file_durations.py), so no long file is handed to a
+  worker last; xdist keeps that order with ``--no-loadscope-reorder`` (else it sorts files by
+  their number of tests). Without the table the order is left as it is.
 """
 
 from __future__ import annotations
@@ -77,6 +82,31 @@ def pytest_sessionfinish(session, exitstatus):
             say.write_line(line)
     if not report.errors and not report.skipped:
         shutil.rmtree(_STATE_DIR_MADE, ignore_errors=True)
+
+
+def _longest_files_first(config: pytest.Config) -> bool:
+    """True under ``--dist loadfile``: asked on the xdist controller; a worker (whose own
+    ``dist`` option xdist sets to "no") is told by the controller (pytest_configure_node)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return bool(workerinput.get("kvchaos_longest_files_first"))
+    return config.getoption("dist", "no") == "loadfile"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    node.workerinput["kvchaos_longest_files_first"] = _longest_files_first(node.config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _longest_files_first(config):
+        return
+    from file_durations import file_of, load_table, order_by_duration
+
+    table = load_table()
+    if table is not None:
+        items[:] = order_by_duration(items, table, key=lambda item: file_of(item.nodeid))
 
 
 @pytest.fixture(autouse=True)

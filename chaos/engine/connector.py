@@ -233,6 +233,18 @@ class LMCacheConnector:
         return self.scheduler is not None and self.worker is not None
 
     @property
+    def heartbeats_running(self) -> int:
+        """How many of the two adapters run their heartbeat (0, 1 or 2). LMCache 0.5.6 starts
+        them lazily (``_ensure_heartbeat_started``): the scheduler adapter's with its first
+        lookup, the worker adapter's with its first store or retrieve; until then nothing
+        PINGs the server, so a restart of it is never seen (LMCache issue 4715). An adapter
+        without that attribute (another LMCache version) counts as running."""
+        if not self.connected:
+            return 0
+        return (int(getattr(self.scheduler, "_heartbeats", True) is not None)
+                + int(getattr(self.worker, "_heartbeat", True) is not None))
+
+    @property
     def healthy(self) -> bool:
         """Connected and both adapters' last heartbeat succeeded (never once abandoned)."""
         return (self.connected and not self.abandoned

@@ -35,6 +35,8 @@ _HELP = {
     "kvchaos_engine_replay_mismatches_total": (
         "counter", "Resumed requests whose recomputed token differed from the one sent."),
     "kvchaos_engine_lmcache_healthy": ("gauge", "1 when the LMCache connector is healthy."),
+    "kvchaos_engine_lmcache_heartbeats": (
+        "gauge", "LMCache adapters (scheduler, worker) whose heartbeat runs: 0 until the first lookup."),
 }
 
 

@@ -830,6 +830,8 @@ class EngineCore:
         self.metrics.set("vllm:kv_cache_usage_perc", self.blocks.usage())
         self.metrics.set("kvchaos_engine_lmcache_healthy",
                          1.0 if self.connector is not None and self.connector.healthy else 0.0)
+        self.metrics.set("kvchaos_engine_lmcache_heartbeats",
+                         float(self.connector.heartbeats_running) if self.connector is not None else 0.0)
 
     def debug_state(self) -> dict[str, Any]:
         """The ``/debug/state`` document (see docs/architecture.md section 2)."""

@@ -31,6 +31,13 @@ wrapper, a scenario's LMCache variables), it waits with :func:`wait_engine_notic
 stop and the start until the engine reports LMCache unhealthy: the restart the scenario needed,
 not the LMCache client bug it did not ask about. (An engine without the health gauge is not
 waited for; there the wait after the start reports ``reconnected: False`` instead.)
+
+Neither wait waits on an engine whose LMCache client runs no heartbeat: LMCache 0.5.6 starts an
+adapter's heartbeat with its first lookup (scheduler) or store/retrieve (worker), so an engine
+that has served nothing through LMCache yet never notices a restart and never re-registers
+(LMCache issue 4715). The reference engine says so (``kvchaos_engine_lmcache_heartbeats`` 0):
+both waits then end at once with ``heartbeats: 0`` in their result, where they used to run to
+their 30 s timeouts and end the same way.
 """
 from __future__ import annotations
 
@@ -41,7 +48,7 @@ import httpx
 
 from chaos.httppool import pool_limits
 
-__all__ = ["registered_contexts", "engine_lmcache_healthy", "wait_engine_reconnected",
+__all__ = ["registered_contexts", "engine_lmcache_healthy", "engine_lmcache_heartbeats", "wait_engine_reconnected",
            "wait_engine_noticed", "RECONNECT_TIMEOUT_S", "STABLE_S"]
 
 #: Longest wait for the engine to come back after an LMCache restart (s): a few heartbeats of
@@ -54,6 +61,7 @@ STABLE_S = 2.5
 _POLL_S = 0.25
 _READ_TIMEOUT_S = 3.0
 _GAUGE = "kvchaos_engine_lmcache_healthy"
+_HEARTBEATS = "kvchaos_engine_lmcache_heartbeats"
 
 
 def registered_contexts(lmcache_http: str, client: httpx.Client | None = None) -> int | None:
@@ -80,12 +88,8 @@ def registered_contexts(lmcache_http: str, client: httpx.Client | None = None) -
     return sum(len(v) for v in lists if isinstance(v, list))
 
 
-def engine_lmcache_healthy(engine_url: str, client: httpx.Client | None = None) -> bool | None:
-    """The engine's ``kvchaos_engine_lmcache_healthy`` gauge (1: its LMCache client is healthy).
-
-    Returns:
-        True or False; None when the engine does not export the gauge or does not answer.
-    """
+def _engine_gauge(engine_url: str, name: str, client: httpx.Client | None) -> list[float] | None:
+    """The values of the engine's gauge ``name``; None when it does not answer or export it."""
     from chaos.prometheus import text_samples
 
     try:
@@ -94,10 +98,28 @@ def engine_lmcache_healthy(engine_url: str, client: httpx.Client | None = None) 
         samples = text_samples(r.text)
     except (httpx.HTTPError, ValueError):
         return None
-    values = [v for name, _labels, v in samples if name == _GAUGE]
-    if not values:
-        return None
-    return all(v >= 1 for v in values)
+    return [v for sample_name, _labels, v in samples if sample_name == name] or None
+
+
+def engine_lmcache_healthy(engine_url: str, client: httpx.Client | None = None) -> bool | None:
+    """The engine's ``kvchaos_engine_lmcache_healthy`` gauge (1: its LMCache client is healthy).
+
+    Returns:
+        True or False; None when the engine does not export the gauge or does not answer.
+    """
+    values = _engine_gauge(engine_url, _GAUGE, client)
+    return None if values is None else all(v >= 1 for v in values)
+
+
+def engine_lmcache_heartbeats(engine_url: str, client: httpx.Client | None = None) -> int | None:
+    """The engine's ``kvchaos_engine_lmcache_heartbeats`` gauge: how many of its LMCache
+    adapters run a heartbeat (0 to 2; see the module doc).
+
+    Returns:
+        The count; None when the engine does not export the gauge (vLLM) or does not answer.
+    """
+    values = _engine_gauge(engine_url, _HEARTBEATS, client)
+    return None if values is None else int(min(values))
 
 
 def wait_engine_reconnected(stack: Any, contexts_before: int | None, timeout_s: float = RECONNECT_TIMEOUT_S,
@@ -115,8 +137,9 @@ def wait_engine_reconnected(stack: Any, contexts_before: int | None, timeout_s: 
     Returns:
         ``{"reconnected": bool, "waited_s": float, "contexts_before": int | None,
         "contexts": int | None, "engine_healthy": bool | None}``; ``reconnected`` False when
-        the deadline passed first (``engine_healthy`` None: the engine exports no gauge). Never
-        raises.
+        the deadline passed first (``engine_healthy`` None: the engine exports no gauge), or
+        at once, with ``"heartbeats": 0`` added, when LMCache lists fewer contexts than wanted
+        and the engine runs no heartbeat that could re-register them (module doc). Never raises.
     """
     s = getattr(stack, "settings", None)
     lmcache_http = getattr(s, "lmcache_http", None)
@@ -147,6 +170,9 @@ def wait_engine_reconnected(stack: Any, contexts_before: int | None, timeout_s: 
             if registered and stable:
                 return {"reconnected": True, "waited_s": round(now - start, 3), "contexts_before": contexts_before,
                         "contexts": contexts, "engine_healthy": healthy}
+            if not registered and engine_url and engine_lmcache_heartbeats(engine_url, client) == 0:
+                return {"reconnected": False, "waited_s": round(now - start, 3), "contexts_before": contexts_before,
+                        "contexts": contexts, "engine_healthy": healthy, "heartbeats": 0}
             if now >= deadline:
                 return {"reconnected": False, "waited_s": round(now - start, 3), "contexts_before": contexts_before,
                         "contexts": contexts, "engine_healthy": healthy}
@@ -164,7 +190,8 @@ def wait_engine_noticed(stack: Any, timeout_s: float = RECONNECT_TIMEOUT_S) -> d
 
     Returns:
         ``{"noticed": bool | None, "waited_s": float}``; ``noticed`` None when the engine exports
-        no gauge (nothing was waited for). Never raises.
+        no gauge (nothing was waited for); False at once, with ``"heartbeats": 0`` added, when
+        the engine runs no heartbeat that could notice (module doc). Never raises.
     """
     engine_url = getattr(getattr(stack, "settings", None), "engine_url", None)
     start = time.monotonic()
@@ -174,6 +201,8 @@ def wait_engine_noticed(stack: Any, timeout_s: float = RECONNECT_TIMEOUT_S) -> d
             healthy = engine_lmcache_healthy(engine_url, client) if engine_url else None
             if healthy is None or not healthy:
                 return {"noticed": None if healthy is None else True, "waited_s": round(now - start, 3)}
+            if engine_lmcache_heartbeats(engine_url, client) == 0:
+                return {"noticed": False, "waited_s": round(now - start, 3), "heartbeats": 0}
             if now - start >= timeout_s:
                 return {"noticed": False, "waited_s": round(now - start, 3)}
             time.sleep(_POLL_S)

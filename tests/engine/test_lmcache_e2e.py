@@ -113,3 +113,18 @@ def test_client_disconnect_after_hit_releases_everything(engine: Engine,
         time.sleep(0.1)
     assert clean, (st["active_sessions"], l1, state)
     assert engine.metric("kvchaos_engine_aborts_total") == aborts_before + 1
+
+
+def test_the_heartbeat_gauge_counts_the_adapters_whose_heartbeat_runs(make_engine,
+                                                                       lmcache_stack: LMCacheStack) -> None:
+    """LMCache starts an adapter's heartbeat with its first lookup (scheduler) or store
+    (worker); until then a restart of the server cannot be seen, and chaos/stack/reconnect.py
+    does not wait for the engine to notice one (``kvchaos_engine_lmcache_heartbeats`` 0)."""
+    eng = make_engine("heartbeats", ["--num-blocks", "200", *lmcache_args(lmcache_stack)])
+    assert eng.metric("kvchaos_engine_lmcache_healthy") == 1
+    assert eng.metric("kvchaos_engine_lmcache_heartbeats") == 0
+    eng.complete(random_prompt("e2e:heartbeats", 600), 2)  # a lookup, then a store of one chunk
+    deadline = time.monotonic() + 5  # the gauges are set on the engine's next step
+    while eng.metric("kvchaos_engine_lmcache_heartbeats") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert eng.metric("kvchaos_engine_lmcache_heartbeats") == 2

@@ -35,6 +35,7 @@ class _Fake:
     def __init__(self) -> None:
         self.contexts = 0
         self.healthy = 1
+        self.heartbeats: int | None = None  # the engine's heartbeat gauge; None: not exported
         self.lock = threading.Lock()
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
@@ -50,8 +51,11 @@ class _Fake:
                         body = json.dumps({"registered_non_cuda_instance_ids": list(range(fake.contexts)),
                                            "non_cuda_context_meta": {}}).encode()
                     else:
-                        body = (f"# TYPE kvchaos_engine_lmcache_healthy gauge\n"
-                                f"kvchaos_engine_lmcache_healthy{{model_name=\"m\"}} {fake.healthy}\n").encode()
+                        text = (f"# TYPE kvchaos_engine_lmcache_healthy gauge\n"
+                                f"kvchaos_engine_lmcache_healthy{{model_name=\"m\"}} {fake.healthy}\n")
+                        if fake.heartbeats is not None:
+                            text += f"kvchaos_engine_lmcache_heartbeats {fake.heartbeats}\n"
+                        body = text.encode()
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(body)
@@ -116,6 +120,25 @@ def test_noticed_waits_for_the_gauge_to_drop(fake):
     assert out["noticed"] is True and 0.7 <= out["waited_s"] < 5
     fake.healthy = 1
     assert wait_engine_noticed(fake.stack, timeout_s=0.5)["noticed"] is False
+
+
+def test_an_engine_that_runs_no_heartbeat_is_not_waited_for(fake):
+    # An engine that has served nothing through LMCache yet: its client's heartbeats have not
+    # started (LMCache starts them with the first lookup, store or retrieve), its gauge stays
+    # 1, the restart is never seen and nothing re-registers; both waits used to run 30 s.
+    fake.contexts, fake.healthy, fake.heartbeats = 0, 1, 0
+    out = wait_engine_noticed(fake.stack, timeout_s=10)
+    assert out["noticed"] is False and out["heartbeats"] == 0 and out["waited_s"] < 1
+    out = wait_engine_reconnected(fake.stack, contexts_before=1, timeout_s=10, stable_s=0.2)
+    assert out["reconnected"] is False and out["heartbeats"] == 0 and out["waited_s"] < 1
+    # a heartbeat that runs is waited for, as before
+    fake.heartbeats = 1
+    _later(0.8, lambda: setattr(fake, "healthy", 0))
+    assert wait_engine_noticed(fake.stack, timeout_s=10)["noticed"] is True
+    fake.healthy = 1
+    _later(0.8, lambda: setattr(fake, "contexts", 1))
+    out = wait_engine_reconnected(fake.stack, contexts_before=1, timeout_s=10, stable_s=0.2)
+    assert out["reconnected"] is True and out["waited_s"] >= 0.7
 
 
 def test_an_engine_without_the_gauge_is_not_waited_for(fake):
