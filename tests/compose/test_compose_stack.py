@@ -253,9 +253,12 @@ def test_kvchaos_cleanup_takes_down_a_project_from_the_journal(docker, leftovers
 
 
 def test_build_context_leaves_out_venv_and_git(tmp_path):
+    """Also the vLLM venv (3.6 GB) and the vLLM image's wheelhouse: before they were left out,
+    a build in a checkout with `make setup-vllm` done sent .venv-vllm with the context."""
     ctx = tmp_path / "ctx"
     for rel in ["compose/Dockerfile", "chaos/__init__.py", ".venv/lib/big.so", ".git/HEAD",
-                "chaos/__pycache__/x.pyc", "kvchaos.egg-info/PKG-INFO"]:
+                "chaos/__pycache__/x.pyc", "kvchaos.egg-info/PKG-INFO", ".venv-vllm/lib/big.so",
+                "compose/wheelhouse-vllm/torch-2.13.0-py3-none-any.whl"]:
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         (ctx / rel).write_text("x")
     wheels = tmp_path / "wheels"
@@ -265,7 +268,8 @@ def test_build_context_leaves_out_venv_and_git(tmp_path):
     with build_context_tar(ctx, "compose/Dockerfile", wheels) as f, tarfile.open(fileobj=f) as tar:
         names = set(tar.getnames())
     assert {"compose/Dockerfile", "chaos/__init__.py", ".kvchaos-wheelhouse/a-1.0-py3-none-any.whl"} <= names
-    assert not {n for n in names if n.startswith((".venv", ".git", "kvchaos.egg-info")) or "__pycache__" in n}
+    assert not {n for n in names if n.startswith((".venv", ".git", "kvchaos.egg-info", "compose/wheelhouse"))
+                or "__pycache__" in n}
 
 
 def test_stack_cli_drives_a_compose_stack_across_processes(stack_env, leftovers, redis_stack_path, sweeper):
