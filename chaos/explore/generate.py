@@ -421,6 +421,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             # the corrupted objects or crosses the L2 link and the fault never acts (as
             # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
+        _slow_link_under_held_retrieve(rng, offer, faults)
         for fault in faults:
             fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
             number += 1
@@ -465,6 +466,25 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         data["variables"] = variables
     data.update({"workload": workload, "phases": phases, "checks": checks})
     return data
+
+
+def _slow_link_under_held_retrieve(rng: random.Random, offer: StackOffer, faults: list[dict[str, Any]]) -> None:
+    """Mostly pair a stall before the retrieve with a slow engine->LMCache link (as
+    scenarios/retrieve-dropped-slow-link.yaml): while the engine is held, the adapter counts the
+    server unhealthy (replies 3 s late, past its 2 s heartbeat) and drops the retrieve unsent, so
+    LMCache never gets it and cannot release the lookup's read locks itself; only the engine's
+    failed-load path frees them (planted short-free-after-failed-load). A retrieve_fail with
+    ``break_with: pause`` does not reach this: the paused server handles the retrieve once
+    resumed and releases the locks itself. Changes ``faults`` in place (the stall is held 6 s,
+    once)."""
+    link = "engine-lmcache"
+    stalls = [f for f in faults if f["kind"] == "stall" and f["point"] == "before_retrieve"]
+    if (not stalls or link not in offer.links or any(f.get("link") == link for f in faults)
+            or rng.random() >= 0.9):
+        return
+    stalls[0].update({"seconds": "6s", "count": 1})
+    faults.append({"kind": "latency", "link": link, "stream": "downstream", "latency_ms": 3000,
+                   "start": "1500ms", "duration": "12s"})
 
 
 def _no_l1_flush_after_restart(phases: list[dict[str, Any]]) -> None:

@@ -112,3 +112,24 @@ def test_l2_faults_come_with_an_l1_flush_mostly(offer) -> None:
                 else:
                     without += 1
     assert with_flush > 2 * without, (with_flush, without)
+
+
+def test_retrieve_stalls_come_with_a_slow_engine_link_mostly(offer) -> None:
+    """A failed load whose retrieve LMCache never got (the adapter dropped it unsent while the
+    engine->LMCache link was slow) is what reaches the engine's own lock free after a failed load
+    (planted short-free-after-failed-load): LMCache releases the locks itself when it handles a
+    retrieve late, as after retrieve_fail's pause (seen on seed 1, run 3: the bug planted, every
+    check passed). So a stall before the retrieve mostly comes with a 3 s engine->LMCache link."""
+    with_link = without = 0
+    for seed in range(3):
+        for i in range(300):
+            for phase in generate(offer, seed, i)["phases"]:
+                faults = phase.get("faults", [])
+                if not any(f["kind"] == "stall" and f["point"] == "before_retrieve" for f in faults):
+                    continue
+                if any(f["kind"] == "latency" and f["link"] == "engine-lmcache" and f["latency_ms"] >= 3000
+                       and f["stream"] == "downstream" for f in faults):
+                    with_link += 1
+                else:
+                    without += 1
+    assert with_link > 2 * without, (with_link, without)
