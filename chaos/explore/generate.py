@@ -438,6 +438,11 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             phase["duration"] = "2s"
         phases.append(phase)
     _no_l1_flush_after_restart(phases)
+    # decided from what was drawn (no draw of its own: the rest of the scenario is unchanged)
+    recovery = not small_pool and not engine.get("prefix_caching") and _lmcache_cut_off_only(phases, offer, workload)
+    if recovery:
+        # the engine's heartbeat (2 s on the reference stack) must see LMCache again first
+        phases.append({"name": "settle", "requests": 0, "duration": "5s"})
     phases.append({"name": "recover", "requests": rng.choice([2, 4, 6])})
     if small_pool:
         phases[-1]["faults"] = [{"kind": "preempt", "name": f"kv-pool-pressure-{number}", "via": "pool",
@@ -450,6 +455,9 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     }
     if "tenants" in workload:
         checks["isolation"] = {}
+    if recovery:
+        # at least one recover request hits LMCache again (a client that never reconnects: none)
+        checks["hit_recovery"] = {"phases": ["recover"], "min_request_hit_rate": 0.01}
     if hit_phase:
         checks["hit_quality"] = {"phases": ["hit"], "stored_prefix_full_hit": True, "min_correct_hit_rate": 1.0}
     kinds_used = sorted({f["kind"] for ph in phases for f in ph.get("faults", [])})
@@ -485,6 +493,53 @@ def _slow_link_under_held_retrieve(rng: random.Random, offer: StackOffer, faults
     stalls[0].update({"seconds": "6s", "count": 1})
     faults.append({"kind": "latency", "link": link, "stream": "downstream", "latency_ms": 3000,
                    "start": "1500ms", "duration": "12s"})
+
+
+#: LMCache's client gives a lookup up after this long (``--lmcache-mq-timeout``, 2 s on the
+#: reference stack): a longer delay on the engine's link to LMCache makes the server unhealthy.
+MQ_TIMEOUT_MS = 2000
+
+#: Faults after which a re-sent stored prefix may rightly miss LMCache (its chunks corrupted or
+#: never written; a ``tier_flush`` only when it emptied every tier).
+_EMPTYING = {"l2_corrupt", "l2_fault_inject", "disk_full"}
+
+
+def _cuts_lmcache_off(fault: dict[str, Any], offer: StackOffer) -> bool:
+    """The fault makes the engine's LMCache client lose the server: a kill or pause of LMCache,
+    a cut, reset or timeout of the engine's (non-L2) link to it, or answers delayed past the
+    client's MQ timeout (a ``retrieve_fail`` breaks the connection too)."""
+    kind = fault["kind"]
+    if kind in ("kill", "pause"):
+        return fault["service"] == offer.lmcache
+    if fault.get("link") is not None and fault["link"] in offer.l2_links:
+        return False
+    if kind in ("link_down", "reset_peer", "timeout", "retrieve_fail"):
+        return True
+    if kind == "latency":
+        return fault["latency_ms"] > MQ_TIMEOUT_MS
+    if kind == "stall":
+        return fault["point"] == "before_lookup" and _seconds(fault["seconds"]) * 1000 > MQ_TIMEOUT_MS
+    return False
+
+
+def _lmcache_cut_off_only(phases: list[dict[str, Any]], offer: StackOffer, workload: dict[str, Any]) -> bool:
+    """After these phases the recover phase's requests must hit LMCache again: some fault cut
+    the engine off LMCache, none emptied or damaged what LMCache holds (nor stopped Redis), and
+    every prefix is at least one chunk long (something stored to hit)."""
+    faults = [f for ph in phases for f in ph.get("faults", [])]
+    if not offer.has("engine.cache_stats") or min(workload["prefix_tokens"]) < offer.chunk:
+        return False
+    emptied = set()  # LMCache tiers a fault emptied: a hit needs one that was not
+    for f in faults:
+        if f["kind"] in _EMPTYING or (f["kind"] in ("kill", "pause") and f["service"] != offer.lmcache):
+            return False
+        if f["kind"] == "tier_flush":
+            emptied.update(f["tiers"])
+        if f["kind"] == "kill":
+            emptied.add("l1")
+    if emptied >= {"l1", *offer.l2_tiers}:
+        return False
+    return any(_cuts_lmcache_off(f, offer) for f in faults)
 
 
 def _no_l1_flush_after_restart(phases: list[dict[str, Any]]) -> None:

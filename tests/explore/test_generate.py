@@ -133,3 +133,47 @@ def test_retrieve_stalls_come_with_a_slow_engine_link_mostly(offer) -> None:
                 else:
                     without += 1
     assert with_link > 2 * without, (with_link, without)
+
+
+def test_hit_recovery_after_lmcache_was_cut_off_and_nothing_emptied(offer, tmp_path: Path) -> None:
+    """A client that never reconnects (F11) serves correct output: only hit_recovery sees it.
+    The generator asks for it, after a settle phase, where a fault cut the engine off LMCache
+    and none emptied or damaged what LMCache holds; not elsewhere."""
+    with_check = 0
+    for seed in range(60):
+        for index in range(5):
+            data = generate(offer, seed, index)
+            faults = [f for ph in data["phases"] for f in ph.get("faults", [])]
+            if "hit_recovery" not in data["checks"]:
+                continue
+            with_check += 1
+            assert data["checks"]["hit_recovery"]["phases"] == ["recover"]
+            assert [ph["name"] for ph in data["phases"][-2:]] == ["settle", "recover"]
+            assert data["phases"][-2]["requests"] == 0
+            assert min(data["workload"]["prefix_tokens"]) >= offer.chunk
+            assert not any(f["kind"] in ("l2_corrupt", "l2_fault_inject", "disk_full") for f in faults), faults
+            assert any(f.get("service") == "lmcache" or f.get("link") == "engine-lmcache"
+                       or f["kind"] in ("stall", "retrieve_fail") for f in faults), faults
+            if with_check <= 3:
+                check = check_scenario(write_scenario(data, tmp_path), require_commands=True)
+                assert check.ok, check.error()
+    assert with_check >= 10
+
+
+def test_no_hit_recovery_where_lmcache_may_rightly_miss(offer) -> None:
+    """Killed Redis, corrupted L2, every tier flushed, a sub-chunk prefix: no hit_recovery."""
+    from chaos.explore.generate import _lmcache_cut_off_only
+    kill = {"kind": "kill", "service": "lmcache", "signal": "SIGKILL", "duration": "3000ms"}
+    workload = {"prefix_tokens": [offer.chunk, 2 * offer.chunk]}
+    assert _lmcache_cut_off_only([{"faults": [kill]}], offer, workload)
+    assert not _lmcache_cut_off_only([{"faults": [kill]}], offer, {"prefix_tokens": [offer.chunk - 1, offer.chunk]})
+    flush_all = {"kind": "tier_flush", "tiers": ["fs", "l1", "redis"], "until": "end"}
+    assert not _lmcache_cut_off_only([{"faults": [flush_all, kill]}], offer, workload)
+    flush_l1 = {"kind": "tier_flush", "tiers": ["l1"], "until": "end"}
+    assert _lmcache_cut_off_only([{"faults": [flush_l1, kill]}], offer, workload)
+    for other in ({"kind": "kill", "service": "redis"}, {"kind": "l2_corrupt", "mode": "delete"}):
+        assert not _lmcache_cut_off_only([{"faults": [kill]}, {"faults": [other]}], offer, workload)
+    slow = {"kind": "latency", "link": "engine-lmcache", "latency_ms": 3000}
+    assert _lmcache_cut_off_only([{"faults": [slow]}], offer, workload)
+    assert not _lmcache_cut_off_only([{"faults": [{**slow, "latency_ms": 500}]}], offer, workload)
+    assert not _lmcache_cut_off_only([{"faults": [{**slow, "link": "lmcache-redis"}]}], offer, workload)
