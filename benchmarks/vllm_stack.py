@@ -38,6 +38,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from chaos import interrupts  # noqa: E402
 from chaos.prometheus import scrape_counters  # noqa: E402
 from chaos.runner.stacks import StackPool  # noqa: E402
 
@@ -115,8 +116,18 @@ def suite_wall(stack: Path | None, scenarios: list[str], out: Path) -> tuple[flo
         cmd += ["--stack", str(stack)]
     cmd += [str(REPO / "scenarios" / f"{s}.yaml") for s in scenarios]
     t0 = time.monotonic()
-    rc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        timeout=1800).returncode
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rc = proc.wait(timeout=1800)
+    except BaseException:
+        # A signal or the timeout: SIGTERM lets kvchaos heal its faults and stop its stack
+        # (subprocess.run would SIGKILL it and leave the stack's services up).
+        proc.terminate()
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
     return time.monotonic() - t0, rc
 
 
@@ -127,7 +138,9 @@ def main() -> int:
     ap.add_argument("--scenarios", nargs="+", default=["smoke", "tenant-isolation"])
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kvchaos-bench-vllm-") as tmp:
+    # SIGINT/SIGTERM raise RunInterrupted, so the pool's stack and a running `kvchaos run` come
+    # down before the exit (without it a SIGTERM left every service of the stack up).
+    with interrupts.handling(), tempfile.TemporaryDirectory(prefix="kvchaos-bench-vllm-") as tmp:
         root = Path(tmp)
         figs = stack_figures(args.rounds, args.prefix_tokens, root)
         vllm_s, vllm_rc = suite_wall(VLLM_STACK, args.scenarios, root / "vllm")
@@ -155,4 +168,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except interrupts.RunInterrupted as exc:
+        print(f"vllm_stack: {exc.describe()}; the stack was stopped", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
