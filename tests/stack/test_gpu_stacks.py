@@ -134,6 +134,22 @@ def test_vllm_engine_command_passes_the_kv_pool_only_when_set(tmp_path: Path) ->
     assert "--enable-prefix-caching" in argv_with(KVCHAOS_ENGINE_PREFIX_CACHING="--enable-prefix-caching")
 
 
+def test_the_gpu_vllm_stack_carries_what_the_cpu_vllm_stack_established(tmp_path: Path) -> None:
+    """What compose/vllm-cpu.yml checked on the real vLLM and is the same vLLM/LMCache code on a
+    GPU: the link effects' metric names, lmcache_url (diagnose reads LMCache itself, not the
+    faulted link) and --enable-prompt-tokens-details (vLLM's cached-token count)."""
+    gpu = load_stack(VLLM, environ=dict(os.environ), run_dir=tmp_path, require_commands=False,
+                     allocate_ports=False)
+    cpu = load_stack(REPO / "compose" / "vllm-cpu.yml", environ=dict(os.environ), run_dir=tmp_path,
+                     require_commands=False, allocate_ports=False)
+    for link in ("engine-lmcache", "lmcache-redis"):
+        metrics = [e.metric for e in gpu.settings.links[link].effects]
+        assert metrics and metrics == [e.metric for e in cpu.settings.links[link].effects], link
+    assert gpu.settings.lmcache_url and gpu.settings.lmcache_url.endswith(":5555")
+    assert "--enable-prompt-tokens-details" in gpu.services["engine"].argv("compose")
+    assert "--enable-prompt-tokens-details" in cpu.services["engine"].argv("compose")
+
+
 def test_sglang_engine_command_writes_the_lmcache_client_config(tmp_path: Path) -> None:
     """The engine's `sh -c` with a stand-in `sglang.launch_server` module that prints argv: the
     LMCache config file it writes points at the proxy link; the KV pool becomes
