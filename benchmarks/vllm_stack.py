@@ -138,9 +138,10 @@ def main() -> int:
     ap.add_argument("--scenarios", nargs="+", default=["smoke", "tenant-isolation"])
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
-    # SIGINT/SIGTERM raise RunInterrupted, so the pool's stack and a running `kvchaos run` come
-    # down before the exit (without it a SIGTERM left every service of the stack up).
-    with interrupts.handling(), tempfile.TemporaryDirectory(prefix="kvchaos-bench-vllm-") as tmp:
+    # Run through interrupts.script_exit: SIGINT/SIGTERM raise RunInterrupted, so the pool's
+    # stack and a running `kvchaos run` come down before the exit (without it a SIGTERM left
+    # every service of the stack up).
+    with tempfile.TemporaryDirectory(prefix="kvchaos-bench-vllm-") as tmp:
         root = Path(tmp)
         figs = stack_figures(args.rounds, args.prefix_tokens, root)
         vllm_s, vllm_rc = suite_wall(VLLM_STACK, args.scenarios, root / "vllm")
@@ -168,8 +169,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except interrupts.RunInterrupted as exc:
-        print(f"vllm_stack: {exc.describe()}; the stack was stopped", file=sys.stderr)
-        raise SystemExit(exc.exit_code) from None
+    interrupts.script_exit(main, "vllm_stack")

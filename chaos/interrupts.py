@@ -55,7 +55,8 @@ T = TypeVar("T")
 
 __all__ = ["RunInterrupted", "handling", "deferred", "stage", "set_stage", "current_stage", "pending",
            "as_interrupt", "startup_interrupted", "exit_on_signal", "run_async", "SIGNALS", "STARTUP_STAGES",
-           "STARTUP", "SUITE_START", "hold_startup", "exit_during_startup", "end_startup", "holding_startup"]
+           "STARTUP", "SUITE_START", "hold_startup", "exit_during_startup", "end_startup", "holding_startup",
+           "script_exit"]
 
 #: The stage of a signal that came before the command started anything (imports, argument
 #: parsing, validation).
@@ -400,3 +401,18 @@ def as_interrupt(exc: BaseException) -> RunInterrupted:
     out = RunInterrupted(signal.SIGINT, _state.stage)
     out.__cause__ = exc
     return out
+
+
+def script_exit(main: Callable[[], int], name: str) -> None:
+    """A script's entry (benchmarks/): ``main()`` inside :func:`handling`, so a SIGINT or SIGTERM
+    unwinds its ``finally`` blocks (stacks stopped, faults healed); raises SystemExit with
+    main's code, or 128 + signal number with one line on stderr naming ``name`` and the signal."""
+    import sys
+
+    try:
+        with handling():
+            code = main()
+    except RunInterrupted as exc:
+        print(f"{name}: {exc.describe()}; what it started was stopped", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    raise SystemExit(code)
