@@ -67,10 +67,45 @@ def test_root_cause_names_lmcache_code_that_exists(page: Path) -> None:
         assert any(h.as_posix().endswith(rel) for h in hits), f"{page.name}: {rel} not in {root}"
 
 
+VLLM_PAGES = sorted((DOCS / "vllm").glob("*.md"))
+# A catalogue scenario as a vLLM page names it (scenarios/<name>.yaml, not under findings/).
+_CATALOGUE_SCENARIO = re.compile(r"scenarios/([a-z0-9-]+)\.yaml")
+
+
+@pytest.mark.parametrize("page", VLLM_PAGES, ids=lambda p: p.stem)
+def test_every_vllm_page_names_its_xfail_scenario_and_the_sections_of_an_upstream_issue(page: Path) -> None:
+    """A vLLM finding's reproducer is a catalogue scenario whose xfail is scoped to the vLLM
+    stack and cites the page; its root cause names vLLM code and LMCache code that exists."""
+    text = page.read_text()
+    for section in SECTIONS:
+        assert section in text, f"{page.name}: no '{section}' section"
+    names = set(_CATALOGUE_SCENARIO.findall(text))
+    scenarios = [REPO / "scenarios" / f"{n}.yaml" for n in names if (REPO / "scenarios" / f"{n}.yaml").exists()]
+    assert scenarios, f"{page.name} names no catalogue scenario scenarios/<name>.yaml"
+    rel = page.relative_to(REPO).as_posix()
+    citing = [p for p in scenarios if (x := load_scenario(p).xfail) is not None and rel in x.reason]
+    assert len(citing) == 1, f"{page.name}: cited by the xfail reason of {citing or 'no scenario'} (want one)"
+    xfail = load_scenario(citing[0]).xfail
+    assert xfail.stacks and "vllm-cpu" in xfail.stacks and xfail.upstream, xfail
+    assert f"--stack compose/vllm-cpu.yml {citing[0].relative_to(REPO).as_posix()}" in text, \
+        f"{page.name}: give the exact command"
+    cause = text.split("## Root cause", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"vllm/v1/[A-Za-z0-9_/]+\.py", cause), f"{page.name}: the root cause names no vLLM file"
+    lmcache = pytest.importorskip("lmcache")
+    root = Path(lmcache.__file__).parent
+    lmcache_cause = re.sub(r"vllm/v1/[A-Za-z0-9_/]+\.py", "", cause)  # vLLM's own v1/ paths
+    cited = set(_LMCACHE_PATH.findall(lmcache_cause))
+    assert cited, f"{page.name}: the root cause names no LMCache file"
+    for rel in cited:
+        assert (root / rel).exists(), f"{page.name}: {rel} not in {root}"
+
+
 def test_index_lists_every_page() -> None:
     index = (DOCS / "README.md").read_text()
     for page in PAGES:
         assert f"({page.name})" in index, f"docs/findings/README.md does not link {page.name}"
+    for page in VLLM_PAGES:
+        assert f"(vllm/{page.name})" in index, f"docs/findings/README.md does not link vllm/{page.name}"
 
 
 def test_pages_by_scenario_maps_each_reproducer() -> None:

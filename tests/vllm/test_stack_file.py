@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "compose" / "vllm-cpu.yml"
 CATALOGUE = REPO / "scenarios"
 #: What the real vLLM cannot run today and the capability each names (as on the GPU stack).
-# abort-during-lookup and retrieve-fail-after-lookup run there in a vLLM-native form (fault-level
-# unless_with: docs/vllm-cpu.md, "The whole catalogue on vllm-cpu").
+# abort-during-lookup, retrieve-fail-after-lookup and load-fail-policy-fail run there in a
+# vLLM-native form (fault-level unless_with: docs/vllm-cpu.md, "The whole catalogue on vllm-cpu").
 NOT_RUNNABLE = {
-    "load-fail-policy-fail": "engine.hooks.stall", "retrieve-dropped-slow-link": "engine.hooks.stall",
+    "retrieve-dropped-slow-link": "engine.hooks.stall",
     "end-session-dropped-on-late-ack": "engine.hooks.lmcache", "free-lookup-locks-unknown-request": "engine.hooks.lmcache",
 }
 
