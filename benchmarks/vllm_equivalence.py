@@ -81,23 +81,32 @@ async def answers(base: str, ps: list[list[int]], concurrency: int, max_tokens: 
 
 def compare(ref: dict[int, CompletionOutcome], got: dict[int, CompletionOutcome]) -> dict:
     """Token-id and logprob differences of ``got`` against ``ref``: counts of requests and the
-    largest absolute logprob difference (nats) over the positions both answers share."""
-    token_diff, lp_diff, worst = 0, 0, 0.0
+    largest absolute logprob difference (nats) over the positions both answers share, and how
+    many logprobs were compared (a token among both answers' top 2 at a position).
+
+    Raises:
+        RuntimeError: an answer has no logprob entry per generated token (it would compare
+            nothing and look bit-exact).
+    """
+    token_diff, lp_diff, worst, compared = 0, 0, 0.0, 0
     for i, r in ref.items():
         g = got[i]
         if g.token_ids != r.token_ids:
             token_diff += 1
+        if len(r.top_logprobs or []) != len(r.token_ids) or len(g.top_logprobs or []) != len(g.token_ids):
+            raise RuntimeError(f"request {i}: an answer came without a logprob per generated token")
         d = 0.0
         for pos_r, pos_g in zip(r.top_logprobs or [], g.top_logprobs or []):
             gl = dict((int(t), lp) for t, lp in pos_g)
             for t, lp in pos_r:
                 if int(t) in gl:
+                    compared += 1
                     d = max(d, abs(lp - gl[int(t)]))
         if d > 0:
             lp_diff += 1
         worst = max(worst, d)
     return {"requests": len(ref), "token_ids_differ": token_diff, "logprobs_differ": lp_diff,
-            "max_logprob_diff_nats": worst}
+            "max_logprob_diff_nats": worst, "logprobs_compared": compared}
 
 
 def external_hits(base: str) -> float:
@@ -139,10 +148,11 @@ def main() -> int:
     print(f"{args.prompts} prompts (prefixes {', '.join(map(str, PREFIX_LENGTHS))} tokens), "
           f"{args.max_tokens} greedy tokens each, against the twin's lone answers:")
     print(f"{'pass':<20} {'concurrency':>11} {'token ids differ':>17} {'logprobs differ':>16} "
-          f"{'max |dlogprob|':>15} {'external hits':>14}")
+          f"{'max |dlogprob|':>15} {'logprobs compared':>18} {'external hits':>14}")
     for r in figs["rows"]:
         print(f"{r['pass']:<20} {r['concurrency']:>11} {r['token_ids_differ']:>10} of {r['requests']:<4}"
               f"{r['logprobs_differ']:>10} of {r['requests']:<4} {r['max_logprob_diff_nats']:>15.3g} "
+              f"{r['logprobs_compared']:>18} "
               f"{r['external_hit_tokens']:>14.0f}")
     exact = all(r["token_ids_differ"] == 0 and r["logprobs_differ"] == 0 for r in figs["rows"])
     print("bit-exact in every pass" if exact else "NOT bit-exact: run recompute_equivalence in tolerant mode here")
