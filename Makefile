@@ -84,9 +84,10 @@ demo: setup
 ## Every test, in timed stages: the reference stack's image; unit and integration tests (real
 ## LMCache, Redis, proxy, Docker) over TEST_JOBS pytest-xdist workers (a test file stays on one
 ## worker, so module-scoped stacks are started once; the longest files first, from
-## tests/file_durations.json: tests/file_durations.py) beside the vLLM set-up (.venv-vllm, its
-## output in reports/setup-vllm.log; no test of this stage uses .venv-vllm: tests/vllm runs only
-## under -m vllm, in the vLLM tier, and `kvchaos doctor`'s tests take its row missing or ok); the
+## tests/file_durations.json: tests/file_durations.py) beside the vLLM set-up (`make
+## setup-vllm`'s script, not $(MAKE), so that `make -n test` runs no test; its output in
+## reports/setup-vllm.log; no test of this stage uses .venv-vllm: tests/vllm runs only under
+## -m vllm, in the vLLM tier, and `kvchaos doctor`'s tests take its row missing or ok); the
 ## catalogue with the bundled proxy (CHAOS_JOBS workers, each with its own stacks) beside the
 ## network-fault scenarios with the real Toxiproxy and the network suite under --backend compose;
 ## the real proxy's verdicts held against the bundled run's and `make explore-smoke` beside the
@@ -101,7 +102,7 @@ test: setup
 	$(MAKE) --no-print-directory image; \
 	rc=$$?; echo "stage image: $$(( $$(date +%s) - t0 )) s, exit $$rc"; exit $$rc
 	@t0=$$(date +%s); mkdir -p reports; \
-	$(MAKE) --no-print-directory setup-vllm >reports/setup-vllm.log 2>&1 & vllm_pid=$$!; \
+	bash scripts/setup-vllm.sh >reports/setup-vllm.log 2>&1 & vllm_pid=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider -m "not chaos and not nightly" -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder \
 		--junitxml=reports/junit-tests.xml --durations=25 tests; \
 	rc=$$?; wait $$vllm_pid; vrc=$$?; cat reports/setup-vllm.log; \
