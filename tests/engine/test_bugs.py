@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_procs import SMALL_MODEL, Engine, LMCacheStack, ids, lmcache_args, random_prompt, stats
+from engine_procs import SMALL_MODEL, Engine, LMCacheStack, child_env, ids, lmcache_args, random_prompt, stats
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +70,20 @@ def engine_for(planted: bool, bug: str, clean: Engine, make_engine) -> Engine:
     return make_engine(bug, [*clean.args[len(SMALL_MODEL):], "--bug", bug])
 
 
+def wait_for(cond, timeout_s: float, what: str) -> None:
+    """Poll ``cond()`` every 0.1 s until it is true: the event a test waits on, in place of a
+    sleep sized for a slow host.
+
+    Raises:
+        AssertionError: naming ``what``, when ``cond()`` is still false after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+
+
 def stream_and_disconnect(engine: Engine, prompt: list[int], request_id: str) -> None:
     body = {"prompt": prompt, "max_tokens": 450, "stream": True, "ignore_eos": True}
     with httpx.Client(base_url=engine.base, timeout=60) as client:
@@ -95,8 +109,9 @@ def test_trust_failed_load(planted: bool, make_engine, twin: Engine, clean_fragi
     t.start()
     time.sleep(1.0)  # lookup done (a hit), scheduler held before the retrieve
     fragile_stack.server.signal(signal.SIGSTOP)
-    try:
-        time.sleep(5.0)
+    try:  # frozen until the retrieve has failed (the engine counts it), no longer
+        wait_for(lambda: eng.metric("kvchaos_engine_load_failures_total") > failures_before, 30,
+                 "the retrieve from the frozen LMCache failed")
     finally:
         fragile_stack.server.signal(signal.SIGCONT)
     t.join(timeout=60)
@@ -332,7 +347,8 @@ def test_a_clean_engine_is_handed_over_healthy_after_its_server_resumed(
     assert 512 in hits, hits
 
 
-def test_bugs_planted_through_environment(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bugs_planted_through_environment(make_engine, twin: Engine,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """KVCHAOS_ENGINE_BUGS (comma-separated) plants bugs without a --bug flag."""
     monkeypatch.setenv("KVCHAOS_ENGINE_BUGS",
                        "retry-failed-load-forever,repoll-timed-out-lookup,no-reconnect")
@@ -340,7 +356,10 @@ def test_bugs_planted_through_environment(make_engine, monkeypatch: pytest.Monke
     assert eng.state()["bugs"] == ["no-reconnect", "repoll-timed-out-lookup",
                                    "retry-failed-load-forever"]
     monkeypatch.delenv("KVCHAOS_ENGINE_BUGS")
-    assert make_engine("env-clean", []).state()["bugs"] == []
+    # without the variable, none: the twin was started from this session's environment
+    # (a second engine started just for this cost 7 s a run)
+    assert "KVCHAOS_ENGINE_BUGS" not in child_env()
+    assert twin.state()["bugs"] == []
 
 
 @pytest.mark.parametrize("planted", PLANTED)
@@ -411,19 +430,30 @@ def test_short_free_after_failed_load(planted: bool, make_engine, clean_fragile:
     eng.complete(p, 2)
     time.sleep(0.5)
     before = fragile_stack.l1()["read_locked_count"]
+    failures_before = eng.metric("kvchaos_engine_load_failures_total")
     eng.client.post("/hooks/stall", json={"point": "before_retrieve", "seconds": 4.0})
     result: dict = {}
     t = threading.Thread(target=lambda: result.update(eng.complete(p, 8, ignore_eos=True)))
     t.start()
     time.sleep(1.0)  # lookup done (a hit, 4 chunks locked), scheduler held before the retrieve
     fragile_stack.server.signal(signal.SIGSTOP)
-    try:
-        time.sleep(5.0)  # heartbeats fail; the retrieve is dropped while LMCache is frozen
+    try:  # heartbeats fail; frozen until the retrieve has been dropped (the engine counts it)
+        wait_for(lambda: eng.metric("kvchaos_engine_load_failures_total") > failures_before, 30,
+                 "the retrieve was dropped while LMCache was frozen")
     finally:
         fragile_stack.server.signal(signal.SIGCONT)
     t.join(timeout=60)
     assert stats(result)["load_failed_tokens"] == 1024
-    deadline = time.monotonic() + 15
-    while fragile_stack.l1()["read_locked_count"] > before and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert (fragile_stack.l1()["read_locked_count"] > before) == planted
+
+    def locked() -> int:
+        return fragile_stack.l1()["read_locked_count"]
+
+    # The frees of the failed load go as one FREE once LMCache is back: the count falls from
+    # before + 4 to before, or with the bug (one chunk short) to before + 1. Wait for that fall,
+    # not for a 15 s deadline; then up to 1 s more, in case the count was read while the server
+    # was still releasing the chunks of that one FREE.
+    wait_for(lambda: locked() <= before + 1, 15, "the lock frees of the failed load reached LMCache")
+    settle = time.monotonic() + 1.0
+    while locked() > before and time.monotonic() < settle:
+        time.sleep(0.1)
+    assert (locked() > before) == planted

@@ -2,25 +2,61 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from engine_procs import Engine, LMCacheStack, ids, lmcache_args, random_prompt, stats
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LMCacheStack]:
-    """A stack these tests may stop, kill and restart."""
+@pytest.fixture(scope="module")
+def killable_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LMCacheStack]:
+    """One stack for the module's tests, which may stop, kill and restart its server (a stack
+    per test spent most of each test starting LMCache)."""
     stack = LMCacheStack(tmp_path_factory.mktemp("killable"))
     stack.start()
     yield stack
+    stack.redis.signal(signal.SIGCONT)
     stack.server.signal(signal.SIGCONT)
     stack.stop()
+
+
+def _left_clean(stack: LMCacheStack) -> bool:
+    """The server runs and answers with no read lock and no session left."""
+    if not stack.server.alive():
+        return False
+    try:
+        return stack.l1()["read_locked_count"] == 0 and stack.status()["active_sessions"] == 0
+    except (httpx.HTTPError, KeyError, ValueError):
+        return False
+
+
+@pytest.fixture()
+def own_stack(killable_stack: LMCacheStack, request: pytest.FixtureRequest) -> Iterator[LMCacheStack]:
+    """The module's stack, handed over as a stack of the test's own would be: both processes
+    resumed, the server running with no read lock and no session (else restarted: an earlier
+    test that failed may have left them), and its log started afresh (tests read it; what the
+    earlier tests logged is kept beside it, ``lmcache.log.<test>``). What the tiers store stays:
+    every test uses prompts of its own seeds, so none hits another's chunks."""
+    stack = killable_stack
+    stack.redis.signal(signal.SIGCONT)
+    stack.server.signal(signal.SIGCONT)
+    if not _left_clean(stack):
+        stack.server.kill()
+        stack.start_server()
+    log = stack.server.log_path
+    if log.exists():  # the server appends (O_APPEND): it writes on from the new start
+        shutil.copyfile(log, log.with_name(f"{log.name}.before-{request.node.name}"))
+        log.write_bytes(b"")
+    yield stack
+    stack.redis.signal(signal.SIGCONT)
+    stack.server.signal(signal.SIGCONT)
 
 
 def wait_clean(stack: LMCacheStack, timeout_s: float) -> tuple[int, int]:
@@ -114,8 +150,10 @@ def test_failed_load_with_policy_fail_is_a_500(make_engine, own_stack: LMCacheSt
     t.start()
     time.sleep(1.0)
     own_stack.server.signal(signal.SIGSTOP)
-    try:
-        time.sleep(5.0)
+    try:  # frozen until the retrieve has timed out (the engine counts the failed load), no longer
+        deadline = time.monotonic() + 30
+        while eng.metric("kvchaos_engine_load_failures_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         own_stack.server.signal(signal.SIGCONT)
     t.join(timeout=60)
