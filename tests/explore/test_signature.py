@@ -193,3 +193,25 @@ def test_a_known_leak_reached_beside_other_faults_is_known_by_its_marks(tmp_path
     assert match_known(Signature(("hit_recovery",), "", sig.faults), known, planted_bugs=False, stack="reference",
                        logs=logs_from("2026-12-06T18:27:48")) is None
     assert match_known(sig, known, planted_bugs=True, stack="reference", logs=logs_from("2026-12-06T18:27:48")) is None
+
+
+def test_a_wrong_output_from_flipped_l2_objects_is_the_bitflip_finding(tmp_path: Path) -> None:
+    """Seed 3306 run 33 (clean reference stack): an L1 flush and a 1-bit `l2_corrupt` bitflip of
+    both L2 tiers; `recompute_equivalence` failed, diagnosis kv_content, after LMCache served the
+    prefixes from L2 (the line below, logged in the run). Known since
+    scenarios/findings/l2-bitflip-served-as-kv.yaml; a run where nothing came from L2 (a
+    truncated or deleted object is a miss) is not that finding."""
+    known = known_findings([REPO / "scenarios"])
+    sig = Signature(("recompute_equivalence",), "kv_content", ("l2_corrupt", "tier_flush"))
+    served = ("\x1b[32;20m[2026-12-06 19:03:43,566] LMCache INFO:\x1b[0m Prefetch request completed (L1+L2): 3/4 "
+              "retained keys (0 L1, 3 L2) in 12.6 ms (external_request_id=fault-1-1-0, prefetch_request_id=70)")
+    from_l1 = ("\x1b[32;20m[2026-12-06 19:03:41,054] LMCache INFO:\x1b[0m Prefetch request completed (L1+L2): 3/4 "
+               "retained keys (3 L1, 0 L2) in 4.5 ms (external_request_id=hit-0-0, prefetch_request_id=64)")
+    log = tmp_path / "lmcache.log"
+    log.write_text("\n".join([from_l1, served]) + "\n")
+    hit = match_known(sig, known, planted_bugs=False, stack="reference",
+                      logs=lambda s: run_log_window(log, "2026-12-06T19:03:36") if s == "lmcache" else "")
+    assert hit is not None and hit.name == "l2-bitflip-served-as-kv"
+    log.write_text(from_l1 + "\n")
+    assert match_known(sig, known, planted_bugs=False, stack="reference",
+                       logs=lambda s: run_log_window(log, "2026-12-06T19:03:36") if s == "lmcache" else "") is None
