@@ -39,7 +39,8 @@ from typing import Any
 from chaos import interrupts
 from chaos.explore.generate import StackOffer, generate, write_scenario
 from chaos.explore.guidance import CounterGuide, counter_totals, grown
-from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, match_known, signature_of
+from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, match_known, run_log_window,
+                                    signature_of)
 from chaos.stack.base import StackError, new_run_id
 
 __all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "write_html"]
@@ -638,7 +639,8 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     else:  # no shrunk file: the generated scenario, as it ran, is the reproducer
         shutil.copyfile(row["scenario_file"], target)
         _relink_stack(target, Path(row["scenario_file"]).parent)
-    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs), stack=Path(summary.stack).stem)
+    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs), stack=Path(summary.stack).stem,
+                        logs=_run_logs(summary.stack, run_dir, result))
     summary.signatures[text] = {
         "signature": text, "checks": list(sig.checks), "failed_checks": list(row["failed_checks"]),
         "diagnosis": sig.diagnosis, "faults": list(sig.faults),
@@ -651,6 +653,28 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     }
     say(f"[{index}] new signature: {text}" + (f" (known: {known.name})" if known else "") + f" -> {target}")
     return summary.signatures[text]
+
+
+def _run_logs(stack: str, run_dir: Path, result: Any) -> Callable[[str], str]:
+    """service (a stack role or a compose service) -> what it logged during the run of
+    ``run_dir`` (its collected ``logs/<service>.log`` from ``result.started_at`` on), for the
+    ``xfail.marks`` of known findings; "" for a service the stack lacks or a log not collected."""
+    from chaos.probes import resolve_service
+    from chaos.stack.spec import load_stack
+
+    try:
+        settings = load_stack(Path(stack), require_commands=False, allocate_ports=False).settings
+    except Exception:  # noqa: BLE001 - the stack ran this exploration; roles then are service names
+        settings = None
+
+    def logs(service: str) -> str:
+        try:
+            name = resolve_service(service, settings) if settings is not None else service
+        except ValueError:
+            return ""
+        return run_log_window(run_dir / "logs" / f"{name}.log", getattr(result, "started_at", None))
+
+    return logs
 
 
 def _relink_stack(path: Path, was_in: Path) -> None:

@@ -3,10 +3,13 @@
     failed run ──> (failed check names the shrunk file still runs, diagnosis class, fault kinds
                     of the shrunk file, none when the failure does not need them)
                     e.g. checks=recompute_equivalence | diagnosis=length_mismatch | faults=latency
-    xfail scenarios (scenarios/**, the shipped findings) ──> KnownFinding (fault kinds, checks)
-    a signature is "known" when a shipped finding has the same fault kinds and every failed
-    check of the signature is one of the checks that finding runs (and the run planted no
-    engine bug: a planted bug is never an upstream finding)
+    xfail scenarios (scenarios/**, the shipped findings) ──> KnownFinding (fault kinds, checks,
+                                                                    log marks)
+    a signature is "known" when every failed check of the signature is one of the checks a
+    shipped finding runs (and the run planted no engine bug: a planted bug is never an upstream
+    finding), and either the finding has ``xfail.marks`` and the failing run logged every one of
+    them with at least the finding's fault kinds (the marks show its mechanism; other faults were
+    by the way), or it has none and the same fault kinds
 
 The diagnosis class is the verdict ``kvchaos diagnose`` gave most of the run's failing requests,
 without its detail in parentheses (``kv_content (zero)`` -> ``kv_content``); none when the run
@@ -17,15 +20,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from chaos.scenario.loader import discover_scenarios, load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-__all__ = ["Signature", "KnownFinding", "diagnosis_class", "known_findings", "match_known", "signature_of"]
+__all__ = ["Signature", "KnownFinding", "diagnosis_class", "known_findings", "match_known", "run_log_window",
+           "signature_of"]
 
 
 @dataclass(frozen=True, order=True)
@@ -94,6 +99,7 @@ class KnownFinding:
         faults: its fault kinds, sorted, distinct.
         checks: the checks it runs.
         stacks: the stacks (file stems) its ``xfail.stacks`` limits it to; None: every stack.
+        marks: its ``xfail.marks`` as (service, regular expression) pairs; empty: none.
     """
 
     name: str
@@ -101,6 +107,7 @@ class KnownFinding:
     faults: tuple[str, ...]
     checks: frozenset[str]
     stacks: tuple[str, ...] | None = None
+    marks: tuple[tuple[str, str], ...] = ()
 
 
 def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
@@ -119,20 +126,83 @@ def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
                 continue
             out.append(KnownFinding(name=s.name, file=str(path), faults=tuple(sorted({f.kind for _p, _i, f in s.faults()})),
                                     checks=frozenset(s.checks.enabled()),
-                                    stacks=tuple(s.xfail.stacks) if s.xfail.stacks is not None else None))
+                                    stacks=tuple(s.xfail.stacks) if s.xfail.stacks is not None else None,
+                                    marks=tuple((m.service, m.log) for m in s.xfail.marks or ())))
     return out
 
 
 def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool,
-                stack: str | None = None) -> KnownFinding | None:
-    """The shipped finding ``sig`` matches (same fault kinds, every failed check one it runs,
-    expected to fail on ``stack``, a stack file's stem: its ``xfail.stacks`` names it or is
-    unset), or None; never one when the run planted engine bugs. ``stack`` None: any stack."""
+                stack: str | None = None, logs: Callable[[str], str] | None = None) -> KnownFinding | None:
+    """The shipped finding ``sig`` matches, or None; never one when the run planted engine bugs.
+
+    A finding matches when it is expected to fail on ``stack`` (a stack file's stem: its
+    ``xfail.stacks`` names it or is unset; ``stack`` None: any) and every failed check of ``sig``
+    is one it runs, and then:
+
+    - a finding with ``xfail.marks``, given ``logs`` (a service -> the text it logged during the
+      failing run, "" when none): each mark matches a line, and the finding's fault kinds are
+      among those of ``sig`` (the others were by the way); a run that did not log them is not
+      this bug, even with the same kinds (a pause of LMCache is not a pause of Redis);
+    - otherwise (no marks, or ``logs`` None): the same fault kinds.
+    """
     if planted_bugs or not sig.checks:
         return None
+    texts: dict[str, str] = {}
     for k in known:
         if stack is not None and k.stacks is not None and stack not in k.stacks:
             continue
-        if k.faults == sig.faults and set(sig.checks) <= k.checks:
+        if not set(sig.checks) <= k.checks:
+            continue
+        if k.marks and logs is not None:
+            if set(k.faults) <= set(sig.faults) and all(
+                    re.search(pattern, texts.setdefault(service, logs(service)), re.MULTILINE)
+                    for service, pattern in k.marks):
+                return k
+        elif k.faults == sig.faults:
             return k
     return None
+
+
+#: A log line's time: docker's RFC 3339 UTC prefix (``--backend compose``), else the first local
+#: ``YYYY-MM-DD HH:MM:SS`` in the line (LMCache's ``[2026-12-06 18:27:47,234]``, the engine's
+#: ``2026-12-06 18:26:44,418``).
+_DOCKER_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.\d+)?Z ")
+_LOCAL_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def run_log_window(log: Path, started_at: str | None) -> str:
+    """The lines of a run's collected service log (``<run>/logs/<service>.log``) written from the
+    run's start on: a stack's log spans every run on it since it started, so earlier runs' lines
+    are dropped by their time. A line without a time belongs to the line before it.
+
+    Args:
+        log: the log file; missing: "".
+        started_at: the run's ``started_at`` (result.json: local time, ``YYYY-MM-DDTHH:MM:SS``);
+            None: the whole log.
+
+    Returns:
+        The window's text, colour codes removed.
+    """
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    text = _ANSI.sub("", text)
+    if not started_at:
+        return text
+    start = started_at.replace("T", " ")[:19]
+    keep, inside = [], False
+    for line in text.splitlines():
+        m = _DOCKER_TIME.match(line)
+        if m:
+            utc = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+            stamp = utc.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        else:
+            lm = _LOCAL_TIME.search(line)
+            stamp = f"{lm.group(1)} {lm.group(2)}" if lm else None
+        if stamp is not None:
+            inside = stamp >= start
+        if inside:
+            keep.append(line)
+    return "\n".join(keep)

@@ -32,7 +32,7 @@ from chaos.workload.spec import WorkloadSpec
 if TYPE_CHECKING:
     from chaos.yamlsource import Locator
 
-__all__ = ["Scenario", "Phase", "EngineOptions", "Xfail", "FaultSpec", "SLUG_PATTERN", "REFERENCE_ERROR"]
+__all__ = ["Scenario", "Phase", "EngineOptions", "Xfail", "XfailMark", "FaultSpec", "SLUG_PATTERN", "REFERENCE_ERROR"]
 
 #: pydantic error type of the checks between parts of a scenario (duplicate names, unknown
 #: phase references). chaos/scenario/loader.py runs the same checks on the file's data with the
@@ -94,6 +94,28 @@ class EngineOptions(_Strict):
         return out
 
 
+class XfailMark(_Strict):
+    """A log line that shows a known bug's mechanism (e.g. LMCache's "free_lookup_locks ... while
+    its prefetch is still running"): ``kvchaos explore`` reports a failure as this known bug when
+    its run logged every mark, whatever other faults reached it (chaos/explore/signature.py)."""
+
+    log: str = Field(min_length=1, description="a regular expression (Python re) matched against each line "
+                     "the service logged during the run")
+    service: str = Field(min_length=1, description="the service: a stack role (engine, lmcache, redis, ...) "
+                         "or a compose service name")
+
+    @field_validator("log")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        import re
+
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return v
+
+
 class Xfail(_Strict):
     """The scenario is expected to fail: a known, reported bug. A pass is reported as XPASS.
     With ``stacks``, only on those stack files (a bug of one engine: elsewhere the scenario must
@@ -110,6 +132,12 @@ class Xfail(_Strict):
         default=None, min_length=1,
         description="the checks the known bug fails; a run where another check fails is FAILED, "
                     "not XFAIL; default: any check")
+    marks: list[XfailMark] | None = Field(
+        default=None, min_length=1,
+        description="log lines that show the bug's mechanism: kvchaos explore reports a failure of one "
+                    "of this scenario's checks as this known bug when its run logged every mark and had "
+                    "at least this scenario's fault kinds (others by the way), and only then; default: the same "
+                    "fault kinds make a failure this bug")
 
 
 class Phase(_Strict, Triggered):

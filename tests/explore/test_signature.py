@@ -1,11 +1,14 @@
 """Signatures deduplicate findings: same failed checks, diagnosis class and fault kinds are one
-finding; a shipped xfail scenario with the same fault kinds is "known" (never with a planted bug)."""
+finding; a shipped xfail scenario with the same fault kinds, or whose log marks the run logged, is
+"known" (never with a planted bug)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
-from chaos.explore.signature import KnownFinding, Signature, diagnosis_class, known_findings, match_known, signature_of
+from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, known_findings, match_known,
+                                    run_log_window, signature_of)
 from chaos.scenario.loader import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,3 +134,84 @@ def test_a_slow_l2_leak_of_the_clean_stack_is_known() -> None:
     assert "lookup-timeout" in {k.name for k in known}
     on_vllm = match_known(Signature(("leaks",), "", ("latency",)), known, planted_bugs=False, stack="vllm-cpu")
     assert on_vllm is not None and on_vllm.name in {"lookup-timeout", "slow-l2-read-lock-leak"}
+
+
+# Lines of LMCache's log (colours as it writes them) from `kvchaos explore --stack
+# compose/reference.yml --jobs 2 --seed 3306` (2026-12-06). Run 4 (a 500 ms latency on
+# lmcache-redis) logged the first; run 5 (an L1 flush, a preemption and a 1500 ms upstream
+# latency on lmcache-redis; started 18:27:48 on another stack) logged the second and failed
+# `leaks` with lmcache.read_locked_count=6, the chunks of its two abandoned lookups.
+_EARLIER = ("\x1b[33;20m[2026-12-06 18:27:47,234] LMCache WARNING:\x1b[0m free_lookup_locks for request "
+            "fault-1-2-0 while its prefetch is still running; leaving its locks to the prefetch controller "
+            "\x1b[3m(lookup.py:427:lmcache.v1.multiprocess.modules.lookup)\x1b[0m")
+_IN_RUN = ("\x1b[33;20m[2026-12-06 18:27:59,326] LMCache WARNING:\x1b[0m free_lookup_locks for request "
+           "fault-2-2-1 while its prefetch is still running; leaving its locks to the prefetch controller "
+           "\x1b[3m(lookup.py:427:lmcache.v1.multiprocess.modules.lookup)\x1b[0m")
+_OTHER = ("\x1b[32;20m[2026-12-06 18:27:55,671] LMCache INFO:\x1b[0m Retrieved 512 tokens in 0.009 seconds "
+          "\x1b[3m(engine_driven_transfer.py:514:lmcache.v1.multiprocess.modules.engine_driven_transfer)\x1b[0m")
+
+
+def test_run_log_window_keeps_the_runs_own_lines(tmp_path: Path) -> None:
+    log = tmp_path / "lmcache.log"
+    log.write_text("\n".join([_EARLIER, "  a continuation line", _OTHER, "Traceback line without a time", _IN_RUN]) + "\n")
+    window = run_log_window(log, "2026-12-06T18:27:48")
+    assert "fault-1-2-0" not in window and "continuation" not in window  # the run before's
+    assert "fault-2-2-1" in window and "without a time" in window and "\x1b[" not in window
+    assert "fault-1-2-0" in run_log_window(log, None)
+    assert run_log_window(tmp_path / "missing.log", "2026-12-06T18:27:48") == ""
+    # docker's UTC prefix (--backend compose) is read as UTC
+    docker = tmp_path / "docker.log"
+    docker.write_text("2026-12-06T18:27:40.5Z before\n2026-12-06T18:27:59.1Z after\n")
+    start = datetime(2026, 12, 6, 18, 27, 48, tzinfo=timezone.utc).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    assert run_log_window(docker, start).splitlines() == ["2026-12-06T18:27:59.1Z after"]
+
+
+def test_a_known_leak_reached_beside_other_faults_is_known_by_its_marks(tmp_path: Path) -> None:
+    """Seed 3306 run 5: its shrink kept latency+preempt+tier_flush (the verify failed 0 of 2),
+    so the fault kinds were not those of slow-l2-read-lock-leak (latency) and explore reported a
+    new signature; LMCache's log shows the finding's mechanism."""
+    known = known_findings([REPO / "scenarios"])
+    slow = next(k for k in known if k.name == "slow-l2-read-lock-leak")
+    assert slow.marks and slow.marks[0][0] == "lmcache"
+    sig = Signature(("leaks",), "", ("latency", "preempt", "tier_flush"))
+    log = tmp_path / "lmcache.log"
+    log.write_text("\n".join([_EARLIER, _OTHER, _IN_RUN]) + "\n")
+
+    def logs_from(start: str):
+        return lambda service: (run_log_window(log, start) if service == "lmcache" else "")
+
+    assert match_known(sig, known, planted_bugs=False, stack="reference", logs=logs_from("2026-12-06T18:27:48")) is slow
+    assert match_known(sig, known, planted_bugs=False, stack="reference", logs=None) is None  # kinds differ
+    # the mark logged by the run before, on this stack, is not this run's
+    assert match_known(sig, known, planted_bugs=False, stack="reference", logs=logs_from("2026-12-06T18:28:00")) is None
+    # the same kinds without the mark (a pause of LMCache, not of Redis): not the frozen-L2 leak
+    pause = Signature(("leaks",), "", ("pause",))
+    assert match_known(pause, known, planted_bugs=False, stack="reference", logs=logs_from("2026-12-06T18:28:00")) is None
+    assert match_known(pause, known, planted_bugs=False, stack="reference",
+                       logs=logs_from("2026-12-06T18:27:48")).name.startswith("frozen-l2")
+    # a check the finding does not run, or a planted bug: never known
+    assert match_known(Signature(("hit_recovery",), "", sig.faults), known, planted_bugs=False, stack="reference",
+                       logs=logs_from("2026-12-06T18:27:48")) is None
+    assert match_known(sig, known, planted_bugs=True, stack="reference", logs=logs_from("2026-12-06T18:27:48")) is None
+
+
+def test_a_wrong_output_from_flipped_l2_objects_is_the_bitflip_finding(tmp_path: Path) -> None:
+    """Seed 3306 run 33 (clean reference stack): an L1 flush and a 1-bit `l2_corrupt` bitflip of
+    both L2 tiers; `recompute_equivalence` failed, diagnosis kv_content, after LMCache served the
+    prefixes from L2 (the line below, logged in the run). Known since
+    scenarios/findings/l2-bitflip-served-as-kv.yaml; a run where nothing came from L2 (a
+    truncated or deleted object is a miss) is not that finding."""
+    known = known_findings([REPO / "scenarios"])
+    sig = Signature(("recompute_equivalence",), "kv_content", ("l2_corrupt", "tier_flush"))
+    served = ("\x1b[32;20m[2026-12-06 19:03:43,566] LMCache INFO:\x1b[0m Prefetch request completed (L1+L2): 3/4 "
+              "retained keys (0 L1, 3 L2) in 12.6 ms (external_request_id=fault-1-1-0, prefetch_request_id=70)")
+    from_l1 = ("\x1b[32;20m[2026-12-06 19:03:41,054] LMCache INFO:\x1b[0m Prefetch request completed (L1+L2): 3/4 "
+               "retained keys (3 L1, 0 L2) in 4.5 ms (external_request_id=hit-0-0, prefetch_request_id=64)")
+    log = tmp_path / "lmcache.log"
+    log.write_text("\n".join([from_l1, served]) + "\n")
+    hit = match_known(sig, known, planted_bugs=False, stack="reference",
+                      logs=lambda s: run_log_window(log, "2026-12-06T19:03:36") if s == "lmcache" else "")
+    assert hit is not None and hit.name == "l2-bitflip-served-as-kv"
+    log.write_text(from_l1 + "\n")
+    assert match_known(sig, known, planted_bugs=False, stack="reference",
+                       logs=lambda s: run_log_window(log, "2026-12-06T19:03:36") if s == "lmcache" else "") is None

@@ -108,3 +108,47 @@ def test_one_planted_bug_two_runs_one_signature(tmp_path: Path) -> None:
     assert sig["signature"] == "checks=recompute_equivalence | diagnosis=prefix_length | faults=-"
     assert sig["count"] == 2 and sig["failed_checks"] == ["recompute_equivalence"]
     assert sig["faults_irrelevant"] == "control" and sig["attributed_to_bug"] is True
+
+
+def test_a_known_leak_beside_other_faults_is_reported_known(tmp_path: Path) -> None:
+    """Input that showed it: `kvchaos explore --stack compose/reference.yml --jobs 2 --seed 3306`
+    (clean stack, 2026-12-06) run 5 (scenario 5: an L1 flush, two preemptions and a 1500 ms
+    upstream latency on lmcache-redis) failed `leaks` (lmcache.read_locked_count=6, the chunks of
+    the two lookups LMCache logged as abandoned while their prefetch waited for Redis); its shrink
+    kept all three fault kinds, and explore reported `checks=leaks | diagnosis=- |
+    faults=latency+preempt+tier_flush` as new, though it is slow-l2-read-lock-leak. That finding's
+    log mark, logged during the run (not by the run before it on the same stack), makes it known."""
+    from chaos.explore.explore import _sign
+    from chaos.explore.signature import known_findings
+
+    offer = stack_offer(REPO / "compose" / "reference.yml")
+    data = generate(offer, 3306, 5)
+    assert sorted({f["kind"] for p in data["phases"] for f in p.get("faults", [])}) == ["latency", "preempt", "tier_flush"]
+    path = write_scenario(data, tmp_path / "scenarios")
+    scenario = check_scenario(path).scenario
+    summary = ExploreSummary(explore_id="explore-3306-x", folder=tmp_path / "out", stack=str(offer.path), seed=3306,
+                             bugs=[], budget_s=60, max_runs=2, started_at="now")
+    opts = ExploreOptions(seed=3306, shrink_budget_s=0, known=known_findings([REPO / "scenarios"]))
+    (tmp_path / "out" / "findings").mkdir(parents=True)
+    mark = ("\x1b[33;20m[2026-12-06 {t}] LMCache WARNING:\x1b[0m free_lookup_locks for request {r} while its "
+            "prefetch is still running; leaving its locks to the prefetch controller "
+            "\x1b[3m(lookup.py:427:lmcache.v1.multiprocess.modules.lookup)\x1b[0m")
+    for i, (started, lines) in enumerate([
+            ("2026-12-06T18:27:48", [mark.format(t="18:27:59,326", r="fault-2-2-1")]),
+            # a run whose log holds the mark only from the run before on the same stack
+            ("2026-12-06T18:30:00", [mark.format(t="18:27:59,326", r="fault-2-2-1"),
+                                     "[2026-12-06 18:30:05,000] LMCache INFO: Stored 512 tokens"])]):
+        run_dir = tmp_path / "runs" / f"r{i}"
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "lmcache.log").write_text("\n".join(lines) + "\n")
+        result = build_result(run_id=f"r{i}", scenario="explore-3306-5", history=[], scenario_path=str(path),
+                              started_at=started,
+                              checks=[CheckResult(name="leaks", verdict="failed", summary="read_locked_count=6")])
+        _record(summary, i, path, run_dir, result, 1.0, 10.0)
+        summary.signatures.clear()
+        entry = _sign(summary, opts, i, run_dir, result, summary.runs[-1], "", scenario, {"done": False},
+                      tmp_path / "pending.yaml", (("leaks",), "", ()), {}, tmp_path / "out" / "findings", 0.0,
+                      lambda _m: None, {})
+        assert entry is not None
+        assert entry["signature"] == "checks=leaks | diagnosis=- | faults=latency+preempt+tier_flush"
+        assert entry["known"] == ("slow-l2-read-lock-leak" if i == 0 else None)
