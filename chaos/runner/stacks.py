@@ -233,10 +233,13 @@ class StackPool:
     def release(self, stack_file: Path, result) -> None:
         """Tell the pool how the scenario that used the stack ended. After a scenario that
         stopped, froze or restarted a process (``DISRUPTIVE_KINDS``), left something held (its ``leaks``
-        check did not pass) or could not finish, the next scenario gets a freshly started stack:
-        a server that came back from a kill may be healthy yet broken in ways a reset cannot
-        see (LMCache 0.5.6's Redis adapter never reconnects after Redis restarts), and leaked
-        sessions would fail every later scenario's leak check.
+        check did not pass), served wrong outputs (its ``recompute_equivalence`` failed) or could
+        not finish, the next scenario gets a freshly started stack: a server that came back from
+        a kill may be healthy yet broken in ways a reset cannot see (LMCache 0.5.6's Redis adapter
+        never reconnects after Redis restarts), leaked sessions would fail every later scenario's
+        leak check, and wrong KV an engine loaded stays in its freed blocks, where it can reach
+        later requests (vLLM CPU 0.32: after l2-bitflip-served-as-kv, two cold misses of the next
+        scenario on the same stack generated token 0 from their fifth token on).
 
         Args:
             stack_file: the scenario's stack file.
@@ -245,7 +248,8 @@ class StackPool:
         key = Path(stack_file).resolve()
         disruptive = any(f.kind in DISRUPTIVE_KINDS for f in result.faults)
         leaky = any(c.name == "leaks" and c.verdict != "passed" for c in result.checks)
-        if disruptive or leaky or result.error:
+        wrong = any(c.name == "recompute_equivalence" and c.verdict == "failed" for c in result.checks)
+        if disruptive or leaky or wrong or result.error:
             self._dirty.add(key)
 
     def keep_only(self, stack_file: Path) -> list[Path]:

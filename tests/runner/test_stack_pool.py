@@ -112,3 +112,27 @@ def test_a_pool_never_refuses_its_own_ports(tmp_path, monkeypatch):
     finally:
         other.close()
         pool.close()
+
+
+def test_a_scenario_that_served_wrong_outputs_gets_the_next_one_a_fresh_stack(tmp_path):
+    """Wrong KV an engine loaded stays in its freed blocks (the input: on vLLM CPU, after
+    l2-bitflip-served-as-kv failed recompute_equivalence, two cold misses of the next scenario on
+    the same stack generated token 0 from their fifth token): a failed recompute_equivalence
+    marks the stack for a restart; a passed one, or any other failed check, does not."""
+    marker = tmp_path / "may-start"
+    marker.touch()
+    stack_file = starts_once_allowed(tmp_path, marker)
+    pool = StackPool("local", tmp_path / "stacks")
+
+    def ended(**verdicts: str) -> SimpleNamespace:
+        return SimpleNamespace(faults=[], error=None,
+                               checks=[SimpleNamespace(name=n, verdict=v) for n, v in verdicts.items()])
+
+    try:
+        pool.acquire(stack_file)
+        pool.release(stack_file, ended(recompute_equivalence="passed", liveness="failed"))
+        assert not pool._dirty
+        pool.release(stack_file, ended(recompute_equivalence="failed", leaks="passed"))
+        assert pool._dirty == {stack_file.resolve()}
+    finally:
+        pool.close()
