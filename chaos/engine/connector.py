@@ -149,6 +149,13 @@ class LMCacheConnector:
         # Request id -> (when first asked, server url -> QUERY_PREFETCH_STATUS future) for a
         # LOOKUP that was never answered: does the server know it (:meth:`lookup_known`)?
         self._unanswered_probes: dict[str, tuple[float, dict[str, object]]] = {}
+        # END_SESSIONs of sessions the server holds, sent and not yet answered: request id ->
+        # (when sent, reply future, when a later PING was first seen answered or None).
+        self._end_sessions: dict[str, tuple[float, object, float | None]] = {}
+        # PINGs the adapter's heartbeat sent on the scheduler's connection: (when sent, future).
+        self._pings: list[tuple[float, object]] = []
+        # END_SESSIONs found lost (:meth:`check_end_sessions`), for the engine's counter.
+        self.end_sessions_lost = 0
         self._transfers_lock = threading.Lock()
         self._stop = threading.Event()
         self._connect_thread: threading.Thread | None = None
@@ -271,6 +278,8 @@ class LMCacheConnector:
             self._prefetch_queries.clear()
             self._prefetch_waiting.clear()
             self._unanswered_probes.clear()
+            self._end_sessions.clear()
+            self._pings.clear()
         self._lookup_started.clear()
         log.warning("planted bug no-reconnect: LMCache at %s abandoned for good", self.url)
 
@@ -467,7 +476,86 @@ class LMCacheConnector:
                 return future
 
             client.lookup = wrapped
+            self._track_end_sessions(client)
             client._kvchaos_lookups_tracked = True
+
+    # ---- END_SESSIONs lost with their connection ------------------------------------------
+    def _track_end_sessions(self, client: object) -> None:
+        """Record the reply futures of the END_SESSIONs and PINGs sent on ``client``.
+
+        ``client`` is one of the scheduler adapter's request clients (lmcache
+        ``RequestClient``: ``end_session(request_id)`` and ``ping(instance_id)`` return a
+        ``MessagingFuture``). The adapter drops END_SESSION's future
+        (``LMCacheMPSchedulerAdapter.end_session``); its heartbeat PINGs go over the same client,
+        so the same ZeroMQ socket and its message pipe, in order
+        (:meth:`check_end_sessions` relies on it). An END_SESSION is recorded only when the
+        server holds the request's session (its LOOKUP was answered and not given up as lost).
+        """
+        end_session = getattr(client, "end_session", None)
+        ping = getattr(client, "ping", None)
+        if end_session is None or ping is None:
+            return
+
+        def wrapped_end_session(request_id, *args, _original=end_session, **kwargs):
+            sent = time.monotonic()
+            future = _original(request_id, *args, **kwargs)
+            if request_id not in self._lost_lookups and not self.lookup_ack_pending(request_id):
+                with self._transfers_lock:
+                    self._end_sessions[request_id] = (sent, future, None)
+            return future
+
+        def wrapped_ping(*args, _original=ping, **kwargs):
+            sent = time.monotonic()
+            future = _original(*args, **kwargs)
+            with self._transfers_lock:
+                self._pings.append((sent, future))
+            return future
+
+        client.end_session = wrapped_end_session
+        client.ping = wrapped_ping
+
+    def check_end_sessions(self) -> int:
+        """Find the END_SESSIONs lost with their connection (call once per step).
+
+        An END_SESSION is lost when a PING the heartbeat sent after it on the same request
+        client was answered while END_SESSION's own reply had not come, and it still has not
+        come ``mq_timeout`` later. The two share one ZeroMQ DEALER socket, whose pipe delivers
+        in order and keeps what it has not yet written while the connection is down: a later
+        PING that reached the server means END_SESSION was no longer waiting in the pipe, so it
+        was written into a connection and either never reached the server (lost with a reset
+        connection: the server keeps the session until its reaper, 600 s) or the server handled
+        it and its reply was lost on the way back. Logs a warning per lost END_SESSION:
+        ``END_SESSION for request_id=R was lost: ...``.
+
+        Returns:
+            how many END_SESSIONs this call found lost (also added to
+            :attr:`end_sessions_lost`).
+        """
+        now = time.monotonic()
+        with self._transfers_lock:
+            answered = [sent for sent, future in self._pings if future.query()]  # type: ignore[attr-defined]
+            # An unanswered PING older than two timeouts was lost: nothing waits for it.
+            self._pings = [(sent, future) for sent, future in self._pings
+                           if not future.query() and now - sent < 2 * self.mq_timeout]  # type: ignore[attr-defined]
+            latest_ping = max(answered, default=None)
+            lost = []
+            for request_id, (sent, future, overtaken) in list(self._end_sessions.items()):
+                if future.query():  # type: ignore[attr-defined]
+                    del self._end_sessions[request_id]
+                    continue
+                if overtaken is None:
+                    if latest_ping is not None and latest_ping > sent:
+                        self._end_sessions[request_id] = (sent, future, now)
+                    continue
+                if now - overtaken >= self.mq_timeout:
+                    del self._end_sessions[request_id]
+                    lost.append((request_id, now - sent))
+        for request_id, age in lost:
+            log.warning("END_SESSION for request_id=%s was lost: no reply %.1f s after it was "
+                        "sent, while a later PING on the same connection was answered (LMCache "
+                        "keeps the session until its reaper)", request_id, age)
+        self.end_sessions_lost += len(lost)
+        return len(lost)
 
     def _give_up_lookup(self, request_id: str) -> None:
         """The engine gives up on the lookup of ``request_id`` (its outcome is ``timeout``).

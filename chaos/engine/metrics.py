@@ -31,6 +31,9 @@ _HELP = {
     "kvchaos_engine_load_failed_tokens_total": ("counter", "Tokens whose LMCache load failed."),
     "kvchaos_engine_store_failures_total": ("counter", "LMCache stores that failed."),
     "kvchaos_engine_stored_tokens_total": ("counter", "Tokens submitted to LMCache stores."),
+    "kvchaos_engine_end_sessions_lost_total": (
+        "counter", "END_SESSIONs of held LMCache sessions never answered while a later PING was "
+        "(lost with their connection)."),
     "kvchaos_engine_aborts_total": ("counter", "Requests aborted (client disconnect or error)."),
     "kvchaos_engine_replay_mismatches_total": (
         "counter", "Resumed requests whose recomputed token differed from the one sent."),

@@ -283,6 +283,9 @@ class EngineCore:
                     and not self.connector.healthy):
                 self.connector.abandon()
             self.connector.flush_deferred()
+            lost = self.connector.check_end_sessions()
+            if lost:
+                self.metrics.inc("kvchaos_engine_end_sessions_lost_total", lost)
         self._progress_aborting()
         self._admit()
         worked = False
