@@ -58,6 +58,14 @@ QUERY_PREFETCH_STATUS to return a count (``mq_timeout``, then the FREE is sent a
 the server had acknowledged when the engine's deadline gave up on it is freed at once, as a
 production scheduler frees it: that FREE during a running prefetch is LMCache's own leak, which
 the findings must reach.
+
+The adapter's END_SESSION is fire-and-forget (it drops the reply future), so one written into a
+connection that is then reset is lost and the server keeps the session until its reaper
+(docs/findings/end-session-lost-on-reset.md). The connector keeps the reply futures of the
+END_SESSIONs and PINGs the scheduler adapter's request clients send and counts an END_SESSION as
+lost once a PING sent after it was answered while its own reply never came
+(:meth:`LMCacheConnector.check_end_sessions`): the engine's evidence that the finding's window
+was reached. It observes only; it resends nothing (that would hide the LMCache bug).
 """
 
 from __future__ import annotations
