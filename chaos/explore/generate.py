@@ -445,6 +445,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             phase["requests"] = 0  # the fault acts on a quiet stack; the next phase meets what it left
             phase["duration"] = "2s"
         phases.append(phase)
+    _no_engine_flush_without_prefix_cache(phases, engine)
     _no_l1_flush_after_restart(phases)
     # decided from what was drawn (no draw of its own: the rest of the scenario is unchanged)
     recovery = not small_pool and not engine.get("prefix_caching") and _lmcache_cut_off_only(phases, offer, workload)
@@ -684,6 +685,20 @@ def _no_l1_flush_after_restart(phases: list[dict[str, Any]]) -> None:
                     del ph["faults"]
                     ph.pop("requests_start", None)
         restarted = restarted or any(f["kind"] == "l2_fault_inject" for f in ph.get("faults", []))
+
+
+def _no_engine_flush_without_prefix_cache(phases: list[dict[str, Any]], engine: dict[str, Any]) -> None:
+    """The engine's prefix cache is off unless the scenario turns it on (``engine.prefix_caching``;
+    every stack file starts its engine with ``--no-enable-prefix-caching``): a flush of the
+    ``engine`` tier would flush nothing and leave its run inconclusive (seed 3306 run 13:
+    "the engine's prefix cache held nothing at apply"). Drop ``engine`` from such flushes (a
+    flush left with no tier flushes L1)."""
+    if engine.get("prefix_caching"):
+        return
+    for ph in phases:
+        for f in ph.get("faults", []):
+            if f["kind"] == "tier_flush" and "engine" in f["tiers"]:
+                f["tiers"] = [t for t in f["tiers"] if t != "engine"] or ["l1"]
 
 
 def _seconds(text: str) -> float:
