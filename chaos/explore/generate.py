@@ -22,6 +22,13 @@ drawn, on its links and services. No fault declares a ``trigger``: each gets its
 trigger (chaos/faults/base.py ``DefaultTrigger``), so a fault that never reached the stack makes
 the run inconclusive, never a pass; ``trigger: none`` is never written.
 
+Drawn to reach their windows (docs/explore.md, "What is generated"): cancels open with their
+phase and hold LMCache's answers when they aim at a lookup or a load (:func:`_aim_cancels`), a
+small KV pool is sized between two prompts and two finished requests (:func:`_preempting_pool`),
+every workload stores a full chunk, an ``engine`` tier flush needs the engine's prefix cache.
+These adjustments draw from a second stream (``"<seed>:<index>:tune"``), so the main stream's
+draws (which kinds, where, the workload) are what they were before them.
+
 Deterministic: scenario ``index`` of seed ``seed`` depends on nothing else (no clock, no
 global random state), so the same seed gives the same first N scenarios.
 """
