@@ -434,7 +434,10 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
         _slow_link_under_held_retrieve(rng, offer, faults)
-        _aim_cancels(tune, offer, workload, faults, earlier=[f for ph in phases for f in ph.get("faults", [])])
+        earlier = [f for ph in phases for f in ph.get("faults", [])]
+        _aim_cancels(tune, offer, workload, faults, earlier)
+        _stores_for_store_stalls(offer, workload, faults, earlier)
+        _loads_past_the_engine_prefix_cache(offer, engine, faults)
         for fault in faults:
             fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
             number += 1
@@ -598,6 +601,51 @@ def _aim_cancels(tune: random.Random, offer: StackOffer, workload: dict[str, Any
             faults.append({"kind": "stall", "point": "before_retrieve",
                            "seconds": _ms(tune.choice([1000, 2000, 2500])), "count": tune.choice([1, 2]),
                            "until": "end"})
+
+
+def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults: list[dict[str, Any]],
+                             earlier: list[dict[str, Any]]) -> None:
+    """A stall before the store holds a request only if it stores something: a full chunk its
+    LMCache hit did not cover. After the warm phase stored every family's prefix, that takes a
+    prefix whose suffix completes a further chunk (prefix mod chunk + suffix >= chunk), or a
+    flush of every tier first; otherwise no request of the phase reaches the point (seed 3306
+    run 50: prefixes 256 and 1025, suffix 1). Such a stall holds the lookup instead (every
+    request looks up). Changes ``faults`` in place."""
+    chunk = offer.chunk
+    lengths = workload["prefix_tokens"]
+    used = [lengths[i % len(lengths)] for i in range(workload["families"])]
+    crosses = any(p % chunk + workload["suffix_tokens"] >= chunk for p in used)
+    emptied: set[str] = set()
+    for g in [*earlier, *faults]:
+        if g["kind"] == "tier_flush":
+            emptied.update(g["tiers"])
+    for f in faults:
+        if (f["kind"] == "stall" and f["point"] == "before_store" and not crosses
+                and not emptied >= {"l1", *offer.l2_tiers}):
+            f["point"] = "before_lookup"
+
+
+def _needs_a_load(fault: dict[str, Any]) -> bool:
+    """The fault acts only on a retrieve from LMCache (a load after a positive lookup)."""
+    return (fault["kind"] == "retrieve_fail" or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
+            or (fault["kind"] == "cancel" and fault.get("state") == "load"))
+
+
+def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any], faults: list[dict[str, Any]]) -> None:
+    """With the engine's own prefix cache on, a prompt the warm phase sent is held locally and
+    its LMCache hit is never retrieved: a fault that acts on a retrieve never acts (seed 3306
+    runs 3, 21, 22: a stall before the retrieve, a cancel at the load and a retrieve_fail,
+    each beside the prefix cache). Such a phase flushes the engine's prefix cache first (the
+    pairing of L2 faults with an L1 flush); a stack that cannot flush it gets no prefix cache.
+    Changes ``faults`` and ``engine`` in place."""
+    if not engine.get("prefix_caching") or not any(_needs_a_load(f) for f in faults):
+        return
+    if any(f["kind"] == "tier_flush" and "engine" in f["tiers"] for f in faults):
+        return
+    if offer.has("engine.reset_prefix_cache"):
+        faults.insert(0, {"kind": "tier_flush", "tiers": ["engine"], "until": "end"})
+    else:
+        engine.pop("prefix_caching")
 
 
 def _slow_answers(link: str, latency_ms: int) -> dict[str, Any]:

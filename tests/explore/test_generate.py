@@ -298,3 +298,44 @@ def test_no_engine_tier_flush_without_the_engine_prefix_cache(offer) -> None:
                     flushes += 1
                     assert d.get("engine", {}).get("prefix_caching"), (seed, index)
     assert flushes > 0
+
+
+def _loads(f: dict) -> bool:
+    return (f["kind"] == "retrieve_fail" or (f["kind"] == "stall" and f["point"] == "before_retrieve")
+            or (f["kind"] == "cancel" and f.get("state") == "load"))
+
+
+def test_faults_on_a_retrieve_get_past_the_engine_prefix_cache(offer) -> None:
+    """With the engine's prefix cache on, what the warm phase sent is held locally and never
+    retrieved from LMCache: a phase with a fault that acts on a retrieve flushes the engine tier
+    (seed 3306 runs 3, 21, 22 missed their stall, cancel at the load and retrieve_fail)."""
+    seen = 0
+    extra = [(3306, i, generate(offer, 3306, i)) for i in (3, 21, 22)]
+    for seed, index, d in [*extra, *_scenarios(offer, seeds=range(120))]:
+        if not d.get("engine", {}).get("prefix_caching"):
+            continue
+        for phase in d["phases"]:
+            faults = phase.get("faults", [])
+            if any(_loads(f) for f in faults):
+                seen += 1
+                assert any(f["kind"] == "tier_flush" and "engine" in f["tiers"] for f in faults), (seed, index)
+    assert seen >= 3
+
+
+def test_store_stalls_have_something_to_store(offer) -> None:
+    """A stall before the store is reached only by a request with a full chunk its hit did not
+    cover: a suffix that completes a chunk, or every tier flushed first (seed 3306 run 50)."""
+    stalls = 0
+    for seed, index, d in [(3306, 50, generate(offer, 3306, 50)), *_scenarios(offer, seeds=range(120))]:
+        w = d["workload"]
+        crosses = any(p % offer.chunk + w["suffix_tokens"] >= offer.chunk for p in _used_prefixes(w))
+        flushed: set = set()
+        for phase in d["phases"]:
+            for f in phase.get("faults", []):
+                if f["kind"] == "tier_flush":
+                    flushed.update(f["tiers"])
+            for f in phase.get("faults", []):
+                if f["kind"] == "stall" and f["point"] == "before_store":
+                    stalls += 1
+                    assert crosses or flushed >= {"l1", *offer.l2_tiers}, (seed, index)
+    assert stalls >= 3
