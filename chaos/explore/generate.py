@@ -438,6 +438,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         _aim_cancels(tune, offer, workload, faults, earlier)
         _stores_for_store_stalls(offer, workload, faults, earlier)
         _loads_past_the_engine_prefix_cache(offer, engine, faults)
+        _no_l2_flush_under_l2_corrupt(faults)
         for fault in faults:
             fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
             number += 1
@@ -646,6 +647,23 @@ def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any
         faults.insert(0, {"kind": "tier_flush", "tiers": ["engine"], "until": "end"})
     else:
         engine.pop("prefix_caching")
+
+
+def _no_l2_flush_under_l2_corrupt(faults: list[dict[str, Any]]) -> None:
+    """An ``l2_corrupt`` damages the objects its tier holds when applied; a flush of that tier in
+    the same phase is applied first (file order, both at the phase's start) and leaves nothing to
+    damage (seed 60 scenario 2: "no stored object matched when the fault ran"). Such a flush
+    keeps its other tiers (L1 at least: L2 is read only for what L1 no longer holds). Changes
+    ``faults`` in place."""
+    damaged: set[str] = set()
+    for f in faults:
+        if f["kind"] == "l2_corrupt":
+            damaged.update(("fs", "redis") if f["target"] == "both" else (f["target"],))
+    if not damaged:
+        return
+    for f in faults:
+        if f["kind"] == "tier_flush" and damaged & set(f["tiers"]):
+            f["tiers"] = [t for t in f["tiers"] if t not in damaged] or ["l1"]
 
 
 def _slow_answers(link: str, latency_ms: int) -> dict[str, Any]:

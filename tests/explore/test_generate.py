@@ -339,3 +339,19 @@ def test_store_stalls_have_something_to_store(offer) -> None:
                     stalls += 1
                     assert crosses or flushed >= {"l1", *offer.l2_tiers}, (seed, index)
     assert stalls >= 3
+
+
+def test_no_flush_of_the_tier_an_l2_corrupt_damages_in_its_phase(offer) -> None:
+    """A flush in the l2_corrupt's phase is applied first and left nothing to damage (seed 60
+    scenario 2: "no stored object matched when the fault ran")."""
+    pairs = 0
+    for seed, index, d in [(60, 2, generate(offer, 60, 2)), *_scenarios(offer, seeds=range(120))]:
+        for phase in d["phases"]:
+            faults = phase.get("faults", [])
+            for c in [f for f in faults if f["kind"] == "l2_corrupt"]:
+                damaged = {"fs", "redis"} if c["target"] == "both" else {c["target"]}
+                for f in faults:
+                    if f["kind"] == "tier_flush":
+                        pairs += 1
+                        assert not damaged & set(f["tiers"]), (seed, index, f["tiers"], c["target"])
+    assert pairs >= 20
