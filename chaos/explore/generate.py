@@ -436,6 +436,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         _slow_link_under_held_retrieve(rng, offer, faults)
         earlier = [f for ph in phases for f in ph.get("faults", [])]
         _aim_cancels(tune, offer, workload, faults, earlier)
+        _abort_in_held_calls(tune, faults)
         _stores_for_store_stalls(offer, workload, faults, earlier)
         _loads_past_the_engine_prefix_cache(offer, engine, faults)
         _no_l2_flush_under_l2_corrupt(faults)
@@ -605,6 +606,24 @@ def _aim_cancels(tune: random.Random, offer: StackOffer, workload: dict[str, Any
             faults.append({"kind": "stall", "point": "before_retrieve",
                            "seconds": _ms(tune.choice([1000, 2000, 2500])), "count": tune.choice([1, 2]),
                            "until": "end"})
+
+
+def _abort_in_held_calls(tune: random.Random, faults: list[dict[str, Any]]) -> None:
+    """A cancel that names no state, beside a fault that holds LMCache's answers, counts only an
+    abort the engine says landed while the request's lookup or load was in flight
+    (``CancelFault.default_trigger_beside``): an abort after the first token, or at a random
+    point of a streamed answer, lands in decode and never reaches it (seed 60 scenario 0 on the
+    tuned generator: an ``after_first_token`` cancel beside the slowed link added for an
+    ``at_state: lookup`` one). Such a cancel aborts 0-20 ms after sending instead, inside the
+    held call. Changes ``faults`` in place."""
+    for f in faults:
+        if f["kind"] != "cancel" or f["mode"] == "at_state":
+            continue
+        beside = [g for g in faults if g is not f]
+        if any(registry.get(g["kind"]).holds_lmcache_answers(registry.get(g["kind"]).params_model.model_validate(g))
+               for g in beside):
+            f["mode"] = "after_ms"
+            f["after_ms"] = float(tune.choice([0, 20]))
 
 
 def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults: list[dict[str, Any]],

@@ -355,3 +355,22 @@ def test_no_flush_of_the_tier_an_l2_corrupt_damages_in_its_phase(offer) -> None:
                         pairs += 1
                         assert not damaged & set(f["tiers"]), (seed, index, f["tiers"], c["target"])
     assert pairs >= 20
+
+
+def test_a_cancel_beside_held_answers_aborts_inside_the_held_call(offer) -> None:
+    """Beside a fault that holds LMCache's answers a cancel with no state counts only aborts
+    that landed in the lookup or load: after the first token never does (seed 60 scenario 0,
+    once a slowed link was added there for an at_state lookup cancel)."""
+    beside = 0
+    for seed, index, d in [(60, 0, generate(offer, 60, 0)), *_scenarios(offer, seeds=range(120))]:
+        for phase in d["phases"]:
+            faults = phase.get("faults", [])
+            for f in faults:
+                if f["kind"] != "cancel" or f["mode"] == "at_state":
+                    continue
+                holders = [g for g in faults if g is not f and registry.get(g["kind"]).holds_lmcache_answers(
+                    registry.get(g["kind"]).params_model.model_validate(g))]
+                if holders:
+                    beside += 1
+                    assert f["mode"] == "after_ms" and f["after_ms"] <= 20, (seed, index, f)
+    assert beside >= 5
