@@ -614,8 +614,9 @@ def _abort_in_held_calls(tune: random.Random, faults: list[dict[str, Any]]) -> N
     (``CancelFault.default_trigger_beside``): an abort after the first token, or at a random
     point of a streamed answer, lands in decode and never reaches it (seed 60 scenario 0 on the
     tuned generator: an ``after_first_token`` cancel beside the slowed link added for an
-    ``at_state: lookup`` one). Such a cancel aborts 0-20 ms after sending instead, inside the
-    held call. Changes ``faults`` in place."""
+    ``at_state: lookup`` one). Such a cancel aborts 200-400 ms after sending instead, inside the
+    held call (0-20 ms was too early: the abort reached the engine before the request did, and
+    the engine recorded none: "unlanded"). Changes ``faults`` in place."""
     for f in faults:
         if f["kind"] != "cancel" or f["mode"] == "at_state":
             continue
@@ -623,7 +624,7 @@ def _abort_in_held_calls(tune: random.Random, faults: list[dict[str, Any]]) -> N
         if any(registry.get(g["kind"]).holds_lmcache_answers(registry.get(g["kind"]).params_model.model_validate(g))
                for g in beside):
             f["mode"] = "after_ms"
-            f["after_ms"] = float(tune.choice([0, 20]))
+            f["after_ms"] = float(tune.choice([200, 400]))
 
 
 def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults: list[dict[str, Any]],

@@ -372,5 +372,5 @@ def test_a_cancel_beside_held_answers_aborts_inside_the_held_call(offer) -> None
                     registry.get(g["kind"]).params_model.model_validate(g))]
                 if holders:
                     beside += 1
-                    assert f["mode"] == "after_ms" and f["after_ms"] <= 20, (seed, index, f)
+                    assert f["mode"] == "after_ms" and 200 <= f["after_ms"] <= 400, (seed, index, f)
     assert beside >= 5
