@@ -22,6 +22,13 @@ drawn, on its links and services. No fault declares a ``trigger``: each gets its
 trigger (chaos/faults/base.py ``DefaultTrigger``), so a fault that never reached the stack makes
 the run inconclusive, never a pass; ``trigger: none`` is never written.
 
+Drawn to reach their windows (docs/explore.md, "What is generated"): cancels open with their
+phase and hold LMCache's answers when they aim at a lookup or a load (:func:`_aim_cancels`), a
+small KV pool is sized between two prompts and two finished requests (:func:`_preempting_pool`),
+every workload stores a full chunk, an ``engine`` tier flush needs the engine's prefix cache.
+These adjustments draw from a second stream (``"<seed>:<index>:tune"``), so the main stream's
+draws (which kinds, where, the workload) are what they were before them.
+
 Deterministic: scenario ``index`` of seed ``seed`` depends on nothing else (no clock, no
 global random state), so the same seed gives the same first N scenarios.
 """
@@ -385,22 +392,27 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         A dict that ``chaos.scenario.loader`` validates against the stack file.
     """
     rng = random.Random(f"{seed}:{index}")
+    # The adjustments that make a drawn fault reach its window draw from a stream of their own,
+    # so the main stream (which kinds, where, with which workload) is what it was before them.
+    tune = random.Random(f"{seed}:{index}:tune")
     kinds = fault_kinds_for(offer)
     workload = _workload(rng, offer)
+    _every_family_stores_or_one_does(workload, offer)
     variables: dict[str, str] = {}
     engine: dict[str, Any] = {}
     if offer.has("var:KVCHAOS_ENGINE_PREFIX_CACHING") and rng.random() < 0.2:
         engine["prefix_caching"] = True
+    drawn_prefix_caching = bool(engine.get("prefix_caching"))  # what the main stream's later draws depend on
     small_pool = offer.has("var:ENGINE_NUM_BLOCKS") and rng.random() < 0.12
     if small_pool:
-        # room for about 1.3 of the longest prompts at once, more than one in flight: preemption
-        per_request = -(-(max(workload["prefix_tokens"]) + workload["suffix_tokens"] + 96) // BLOCK_TOKENS)
-        variables["ENGINE_NUM_BLOCKS"] = str(int(per_request * 1.3) + 2)
         workload["max_tokens"] = 96
         workload["concurrency"] = max(2, workload["concurrency"])
         workload["turns"] = 1
+        # two requests sharing their family's prefix blocks need less than any pool's bound
+        engine.pop("prefix_caching", None)
+        variables["ENGINE_NUM_BLOCKS"] = str(_preempting_pool(tune, workload, offer))
     phases: list[dict[str, Any]] = [{"name": "warm"}]
-    hit_phase = (not engine.get("prefix_caching") and workload.get("turns", 1) == 1 and offer.has("engine.metrics")
+    hit_phase = (not drawn_prefix_caching and workload.get("turns", 1) == 1 and offer.has("engine.metrics")
                  and rng.random() < 0.5)
     if hit_phase:
         phases.append({"name": "hit", "trigger": {"metric": "vllm:external_prefix_cache_hits_total",
@@ -422,6 +434,12 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
         _slow_link_under_held_retrieve(rng, offer, faults)
+        earlier = [f for ph in phases for f in ph.get("faults", [])]
+        _aim_cancels(tune, offer, workload, faults, earlier)
+        _abort_in_held_calls(tune, faults)
+        _stores_for_store_stalls(offer, workload, faults, earlier)
+        _loads_past_the_engine_prefix_cache(offer, engine, faults)
+        _no_l2_flush_under_l2_corrupt(faults)
         for fault in faults:
             fault["name"] = f"{fault['kind'].replace('_', '-')}-{number}"
             number += 1
@@ -429,7 +447,9 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         if faults:
             phase["faults"] = faults
             longest = max(longest, sum(_seconds(f.get("duration", "0ms")) for f in faults))
-        if faults and rng.random() < 0.2:
+        if faults and rng.random() < 0.2 and not any(f["kind"] == "cancel" for f in faults):
+            # (a cancel picks requests as they start: requests racing its window's opening
+            # start before it, and none is picked)
             phase["requests_start"] = "at_once"
         if (faults and rng.random() < 0.25 and all(f.get("after") != "requests" for f in faults)
                 and all(_basis(f) == "requests_from_apply" for f in faults)):
@@ -437,6 +457,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             phase["requests"] = 0  # the fault acts on a quiet stack; the next phase meets what it left
             phase["duration"] = "2s"
         phases.append(phase)
+    _no_engine_flush_without_prefix_cache(phases, engine)
     _no_l1_flush_after_restart(phases)
     # decided from what was drawn (no draw of its own: the rest of the scenario is unchanged)
     recovery = not small_pool and not engine.get("prefix_caching") and _lmcache_cut_off_only(phases, offer, workload)
@@ -474,6 +495,204 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         data["variables"] = variables
     data.update({"workload": workload, "phases": phases, "checks": checks})
     return data
+
+
+def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer) -> None:
+    """Families take the prefix lengths in order (``WorkloadSpec.prefix_lengths``): with fewer
+    families than lengths, the full chunk :func:`_prefixes` made sure of may be one no family
+    uses, and nothing is stored (no hit, no load, nothing for L2 faults to act on). Then every
+    length gets a family. Changes ``workload`` in place."""
+    lengths = workload["prefix_tokens"]
+    used = [lengths[i % len(lengths)] for i in range(workload["families"])]
+    if max(used) < offer.chunk:
+        workload["families"] = max(workload["families"], len(lengths))
+
+
+def _preempting_pool(tune: random.Random, workload: dict[str, Any], offer: StackOffer) -> int:
+    """A KV pool (blocks) in which two requests of the workload run at once and cannot both
+    finish: the reference engine preempts (chaos/engine/scheduler.py: admission allocates a
+    prompt's blocks, a decode step that finds no free block preempts the newest request).
+
+    With prompt blocks P = ceil(L / 16) and final blocks F = ceil((L + max_tokens) / 16) of the
+    prompt lengths L in use: two are admitted together when the pool holds 2·max(P), and one
+    must be preempted when it is below min(P) + min(F). That window is empty when prompt
+    lengths differ by more than a few blocks (and 1.3 times the longest request, the earlier
+    rule, held two prompts of 1 K tokens never: runs 7, 23, 44, 48, 50 of seed 3306 never
+    preempted), so the prefixes are redrawn within three tokens of one length (a drawn one,
+    at least a chunk, so they are stored), and the pool is 1-2 blocks above the window's low
+    end: the first request may cross a block or two before the second is admitted, and a
+    preempted request is admitted again only while the other has grown by at most that much.
+    (The upper half of the window thrashed: seed 60 scenario 1, pool 39 for 272-token prompts
+    at concurrency 4, preempted 375 times and ran past the 600 s deadline.)
+    Changes ``workload["prefix_tokens"]`` in place; ``max_tokens`` must be set.
+
+    Returns:
+        The pool size, blocks.
+    """
+    drawn = workload["prefix_tokens"]
+    base = max(offer.chunk, tune.choice(drawn))
+    workload["prefix_tokens"] = [base] + [base + tune.choice([-1, 0, 0, 1]) for _ in drawn[1:]]
+    lengths = [p + workload["suffix_tokens"] for p in workload["prefix_tokens"][:workload["families"]]]
+    prompt = [-(-n // BLOCK_TOKENS) for n in lengths]
+    final = [-(-(n + workload["max_tokens"]) // BLOCK_TOKENS) for n in lengths]
+    low, high = 2 * max(prompt), min(prompt) + min(final) - 1
+    assert low <= high, (lengths, low, high)
+    return min(high, low + 1 + tune.choice([0, 1]))
+
+
+def _holds_lookups(fault: dict[str, Any], offer: StackOffer) -> bool:
+    """The fault keeps the engine's lookups in flight (a slowed, cut or frozen engine->LMCache
+    path: ``Fault.holds_lmcache_answers``, not on an L2 link, not Redis)."""
+    cls = registry.get(fault["kind"])
+    if not cls.holds_lmcache_answers(cls.params_model.model_validate(fault)):
+        return False
+    return fault.get("link") not in offer.l2_links and fault.get("service") in (None, offer.lmcache)
+
+
+def _aim_cancels(tune: random.Random, offer: StackOffer, workload: dict[str, Any], faults: list[dict[str, Any]],
+                 earlier: list[dict[str, Any]]) -> None:
+    """Make each cancel of a phase able to reach its window (changes ``faults`` in place).
+
+    A cancel picks only requests that start while its window is open, and an ``at_state``
+    abort counts only where the engine says it arrived (the client closes the connection once
+    the engine reports the state; the engine notices about 0.1 s later). Seed 3306's missed
+    cancels, and what is done here:
+
+    - a window opened 1-2 s into the phase, after its requests had started (runs 26, 49): the
+      window opens with the phase (``start: 0ms``; such a phase has no ``requests_start:
+      at_once`` either, see :func:`generate`);
+    - ``probability`` 0.5 over a 1 s window, 2 requests seen, none picked (run 21): a cancel that
+      picks by chance keeps its window to the phase's end, with a probability that leaves at
+      most a 10 % chance of picking none of the phase's requests;
+    - ``at_state: lookup`` / ``load`` with nothing holding LMCache's answers (runs 16, 21, 32):
+      a lookup or a retrieve on an idle link lasts milliseconds, every abort arrived in prefill
+      or decode. A lookup gets a slowed engine->LMCache link (answers 0.8-1.5 s late, under
+      the client's 2 s MQ timeout) unless a fault of the phase already holds lookups; a load
+      gets that link (up to 1.2 s: the lookup must still answer, as a hit) or a stall before
+      the retrieve (the engine reports the load while held). A ``load`` beside a fault that
+      cuts the engine off LMCache, or after every tier was emptied, has no positive lookup to
+      follow: it aims at the lookup instead.
+    """
+    link = "engine-lmcache" if "engine-lmcache" in offer.links else None
+    for f in [f for f in faults if f["kind"] == "cancel"]:
+        f["start"] = "0ms"
+        if not f.get("storm") and f.get("probability", 1.0) < 1.0:
+            f.pop("duration", None)
+            f["until"] = "end"
+            n = max(1, workload["requests"])
+            f["probability"] = min(p for p in (0.25, 0.5, 1.0) if p >= f["probability"] and (1 - p) ** n <= 0.1)
+        if f["mode"] != "at_state" or f["state"] not in ("lookup", "load"):
+            continue
+        others = [g for g in faults if g is not f]
+        emptied: set[str] = set()
+        for g in [*earlier, *others]:
+            if g["kind"] == "tier_flush":
+                emptied.update(g["tiers"])
+        if f["state"] == "load" and (any(_cuts_lmcache_off(g, offer) for g in others)
+                                     or emptied >= {"l1", *offer.l2_tiers}):
+            f["state"] = "lookup"
+        link_free = link is not None and not any(g.get("link") == link for g in faults)
+        if f["state"] == "lookup":
+            if not any(_holds_lookups(g, offer) for g in others) and link_free:
+                faults.append(_slow_answers(link, tune.choice([800, 1200, 1500])))
+            continue
+        held = any(_holds_lookups(g, offer) or (g["kind"] == "stall" and g["point"] == "before_retrieve")
+                   for g in others)
+        if held:
+            continue
+        if link_free and tune.random() < 0.5:
+            faults.append(_slow_answers(link, tune.choice([800, 1200])))
+        elif offer.has("engine.hooks.stall"):
+            faults.append({"kind": "stall", "point": "before_retrieve",
+                           "seconds": _ms(tune.choice([1000, 2000, 2500])), "count": tune.choice([1, 2]),
+                           "until": "end"})
+
+
+def _abort_in_held_calls(tune: random.Random, faults: list[dict[str, Any]]) -> None:
+    """A cancel that names no state, beside a fault that holds LMCache's answers, counts only an
+    abort the engine says landed while the request's lookup or load was in flight
+    (``CancelFault.default_trigger_beside``): an abort after the first token, or at a random
+    point of a streamed answer, lands in decode and never reaches it (seed 60 scenario 0 on the
+    tuned generator: an ``after_first_token`` cancel beside the slowed link added for an
+    ``at_state: lookup`` one). Such a cancel aborts 200-400 ms after sending instead, inside the
+    held call (0-20 ms was too early: the abort reached the engine before the request did, and
+    the engine recorded none: "unlanded"). Changes ``faults`` in place."""
+    for f in faults:
+        if f["kind"] != "cancel" or f["mode"] == "at_state":
+            continue
+        beside = [g for g in faults if g is not f]
+        if any(registry.get(g["kind"]).holds_lmcache_answers(registry.get(g["kind"]).params_model.model_validate(g))
+               for g in beside):
+            f["mode"] = "after_ms"
+            f["after_ms"] = float(tune.choice([200, 400]))
+
+
+def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults: list[dict[str, Any]],
+                             earlier: list[dict[str, Any]]) -> None:
+    """A stall before the store holds a request only if it stores something: a full chunk its
+    LMCache hit did not cover. After the warm phase stored every family's prefix, that takes a
+    prefix whose suffix completes a further chunk (prefix mod chunk + suffix >= chunk), or a
+    flush of every tier first; otherwise no request of the phase reaches the point (seed 3306
+    run 50: prefixes 256 and 1025, suffix 1). Such a stall holds the lookup instead (every
+    request looks up). Changes ``faults`` in place."""
+    chunk = offer.chunk
+    lengths = workload["prefix_tokens"]
+    used = [lengths[i % len(lengths)] for i in range(workload["families"])]
+    crosses = any(p % chunk + workload["suffix_tokens"] >= chunk for p in used)
+    emptied: set[str] = set()
+    for g in [*earlier, *faults]:
+        if g["kind"] == "tier_flush":
+            emptied.update(g["tiers"])
+    for f in faults:
+        if (f["kind"] == "stall" and f["point"] == "before_store" and not crosses
+                and not emptied >= {"l1", *offer.l2_tiers}):
+            f["point"] = "before_lookup"
+
+
+def _needs_a_load(fault: dict[str, Any]) -> bool:
+    """The fault acts only on a retrieve from LMCache (a load after a positive lookup)."""
+    return (fault["kind"] == "retrieve_fail" or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
+            or (fault["kind"] == "cancel" and fault.get("state") == "load"))
+
+
+def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any], faults: list[dict[str, Any]]) -> None:
+    """With the engine's own prefix cache on, a prompt the warm phase sent is held locally and
+    its LMCache hit is never retrieved: a fault that acts on a retrieve never acts (seed 3306
+    runs 3, 21, 22: a stall before the retrieve, a cancel at the load and a retrieve_fail,
+    each beside the prefix cache). Such a phase flushes the engine's prefix cache first (the
+    pairing of L2 faults with an L1 flush); a stack that cannot flush it gets no prefix cache.
+    Changes ``faults`` and ``engine`` in place."""
+    if not engine.get("prefix_caching") or not any(_needs_a_load(f) for f in faults):
+        return
+    if any(f["kind"] == "tier_flush" and "engine" in f["tiers"] for f in faults):
+        return
+    if offer.has("engine.reset_prefix_cache"):
+        faults.insert(0, {"kind": "tier_flush", "tiers": ["engine"], "until": "end"})
+    else:
+        engine.pop("prefix_caching")
+
+
+def _no_l2_flush_under_l2_corrupt(faults: list[dict[str, Any]]) -> None:
+    """An ``l2_corrupt`` damages the objects its tier holds when applied; a flush of that tier in
+    the same phase is applied first (file order, both at the phase's start) and leaves nothing to
+    damage (seed 60 scenario 2: "no stored object matched when the fault ran"). Such a flush
+    keeps its other tiers (L1 at least: L2 is read only for what L1 no longer holds). Changes
+    ``faults`` in place."""
+    damaged: set[str] = set()
+    for f in faults:
+        if f["kind"] == "l2_corrupt":
+            damaged.update(("fs", "redis") if f["target"] == "both" else (f["target"],))
+    if not damaged:
+        return
+    for f in faults:
+        if f["kind"] == "tier_flush" and damaged & set(f["tiers"]):
+            f["tiers"] = [t for t in f["tiers"] if t not in damaged] or ["l1"]
+
+
+def _slow_answers(link: str, latency_ms: int) -> dict[str, Any]:
+    """LMCache's answers to the engine ``latency_ms`` late for the whole phase."""
+    return {"kind": "latency", "link": link, "stream": "downstream", "latency_ms": latency_ms,
+            "start": "0ms", "until": "end"}
 
 
 def _slow_link_under_held_retrieve(rng: random.Random, offer: StackOffer, faults: list[dict[str, Any]]) -> None:
@@ -562,6 +781,20 @@ def _no_l1_flush_after_restart(phases: list[dict[str, Any]]) -> None:
                     del ph["faults"]
                     ph.pop("requests_start", None)
         restarted = restarted or any(f["kind"] == "l2_fault_inject" for f in ph.get("faults", []))
+
+
+def _no_engine_flush_without_prefix_cache(phases: list[dict[str, Any]], engine: dict[str, Any]) -> None:
+    """The engine's prefix cache is off unless the scenario turns it on (``engine.prefix_caching``;
+    every stack file starts its engine with ``--no-enable-prefix-caching``): a flush of the
+    ``engine`` tier would flush nothing and leave its run inconclusive (seed 3306 run 13:
+    "the engine's prefix cache held nothing at apply"). Drop ``engine`` from such flushes (a
+    flush left with no tier flushes L1)."""
+    if engine.get("prefix_caching"):
+        return
+    for ph in phases:
+        for f in ph.get("faults", []):
+            if f["kind"] == "tier_flush" and "engine" in f["tiers"]:
+                f["tiers"] = [t for t in f["tiers"] if t != "engine"] or ["l1"]
 
 
 def _seconds(text: str) -> float:
