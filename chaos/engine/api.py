@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chaos.engine.protocol import CompletionRequest, LMCacheCallHook, PreemptHook, StallHook, error_body
+from chaos.engine.protocol import (BugsSwitch, CompletionRequest, LMCacheCallHook, PreemptHook, StallHook,
+                                   error_body)
 from chaos.engine.request import Request, TokenEvent
 from chaos.engine.scheduler import EngineCore, RequestRejected
 from chaos.engine.tokenizer import ByteTokenizer
@@ -104,6 +105,19 @@ def create_app(core: EngineCore) -> FastAPI:
         @app.get("/debug/state")
         async def debug_state() -> JSONResponse:
             return JSONResponse(await run_in_threadpool(core.debug_state))
+
+        @app.put("/debug/bugs")
+        async def debug_bugs(body: BugsSwitch) -> JSONResponse:
+            """Replace the planted bugs (tests only: one engine for every planted bug, where a
+            start per bug cost seconds each). 400 an unknown name, 409 while a request is in the
+            engine (the switch happens between steps, never under a request)."""
+            try:
+                res = await asyncio.wrap_future(core.hook("bugs", body.bugs))
+            except ValueError as exc:
+                return _bad_request(str(exc), "bugs")
+            except RuntimeError as exc:
+                return JSONResponse(error_body(str(exc), 409, "ConflictError"), status_code=409)
+            return JSONResponse(res)
 
         @app.post("/debug/kv/{request_id}")
         async def debug_kv_arm(request_id: str) -> JSONResponse:

@@ -63,6 +63,15 @@ class PreemptHook(BaseModel):
     request_id: str = "newest"
 
 
+class BugsSwitch(BaseModel):
+    """``PUT /debug/bugs`` body: the planted bugs from now on (names of ``chaos/engine/bugs.py``;
+    empty: none). Tests only: one running engine stands for an engine started with those
+    ``--bug`` flags, instead of one engine start per planted bug."""
+
+    model_config = ConfigDict(extra="forbid")
+    bugs: list[str]
+
+
 class StallHook(BaseModel):
     """``POST /hooks/stall`` body: hold the scheduler ``seconds`` at ``point``, ``count`` times.
 

@@ -31,6 +31,7 @@ import torch
 
 from chaos import __version__
 from chaos.engine.block_manager import BlockManager, block_hashes
+from chaos.engine.bugs import validate_bugs
 from chaos.engine.config import EngineConfig
 from chaos.engine.connector import LMCacheConnector
 from chaos.engine.kv_pool import KVPool
@@ -225,7 +226,9 @@ class EngineCore:
         Args:
             kind: ``preempt`` (arg: request id | ``newest`` | ``all``) or ``stall``
                 (arg: ``(point, seconds, count)``) or ``reset_prefix_cache`` or ``lmcache``
-                (arg: ``(call, request_id, tokens)``, see :meth:`LMCacheConnector.raw_call`).
+                (arg: ``(call, request_id, tokens)``, see :meth:`LMCacheConnector.raw_call`) or
+                ``bugs`` (arg: the bug names planted from now on; the future raises ValueError for
+                an unknown name, RuntimeError while a request is in the engine).
 
         Returns:
             a future with the hook's result (e.g. the preempted request ids).
@@ -339,6 +342,15 @@ class EngineCore:
             # 0 s clears what is pending (kvchaos's reset between scenarios, a stall's heal)
             self._stalls[point] = [float(seconds)] * int(count) if seconds > 0 else []
             return {"point": point, "seconds": seconds, "count": count}
+        if kind == "bugs":
+            # Between steps, with no request in the engine: no request sees two sets of bugs.
+            names = validate_bugs(list(arg))
+            if self.requests:
+                raise RuntimeError(f"{len(self.requests)} requests are in the engine; "
+                                      "the planted bugs change only while it is idle")
+            self.bugs = set(names)
+            log.warning("planted bugs switched to %s", names)
+            return {"bugs": names}
         if kind == "reset_prefix_cache":
             self.blocks.reset_prefix_cache()
             return True

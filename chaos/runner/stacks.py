@@ -142,6 +142,8 @@ class StackPool:
         self._variables: dict[Path, dict[str, str]] = {}
         self._used: set[Path] = set()
         self._dirty: set[Path] = set()
+        #: stacks whose engine served wrong outputs: the next scenario gets the engine restarted
+        self._engine_dirty: set[Path] = set()
 
     def acquire(self, stack_file: Path, variables: dict[str, str] | None = None,
                 say: Callable[[str], None] = lambda _m: None) -> Stack:
@@ -179,6 +181,7 @@ class StackPool:
 
         stack = self._stacks.get(key)
         if stack is None:
+            self._engine_dirty.discard(key)
             run_dir = self.root / new_run_id(key.stem)
             stack = make_stack(key, self.backend, run_dir, dict(os.environ, **variables))
             say(f"starting stack {key.name} ({self.backend})")
@@ -192,19 +195,24 @@ class StackPool:
             say(f"restarting stack {key.name}: the previous scenario disrupted it")
             interrupts.set_stage("stack restart")
             self._dirty.discard(key)
+            self._engine_dirty.discard(key)
             stack.down()
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
             stack.set_variables({**unset, **variables})
             self._variables[key] = variables
             self._up_or_forget(key, stack)
             return stack
-        if self._variables[key] != variables:
+        engine = stack.settings.engine if key in self._engine_dirty else None
+        self._engine_dirty.discard(key)
+        if self._variables[key] != variables or engine:
             changed = {k: v for k, v in variables.items() if self._variables[key].get(k) != v}
             # A variable the previous scenario set and this one does not goes back to its default.
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
             interrupts.set_stage("stack restart")
-            restarted = stack.reconfigure({**unset, **variables})
-            say(f"stack variables {changed or unset}: restarted {', '.join(restarted) or 'nothing'}")
+            restarted = stack.reconfigure({**unset, **variables}, restart=[engine] if engine else None)
+            why = [f"stack variables {changed or unset}"] if changed or unset else []
+            why += ["the previous scenario served wrong outputs"] if engine else []
+            say(f"{' and '.join(why)}: restarted {', '.join(restarted) or 'nothing'}")
             self._variables[key] = variables
         if key in self._used:
             say("resetting the stack")
@@ -233,13 +241,17 @@ class StackPool:
     def release(self, stack_file: Path, result) -> None:
         """Tell the pool how the scenario that used the stack ended. After a scenario that
         stopped, froze or restarted a process (``DISRUPTIVE_KINDS``), left something held (its ``leaks``
-        check did not pass), served wrong outputs (its ``recompute_equivalence`` failed) or could
-        not finish, the next scenario gets a freshly started stack: a server that came back from
-        a kill may be healthy yet broken in ways a reset cannot see (LMCache 0.5.6's Redis adapter
-        never reconnects after Redis restarts), leaked sessions would fail every later scenario's
-        leak check, and wrong KV an engine loaded stays in its freed blocks, where it can reach
-        later requests (vLLM CPU 0.32: after l2-bitflip-served-as-kv, two cold misses of the next
-        scenario on the same stack generated token 0 from their fifth token on).
+        check did not pass) or could not finish, the next scenario gets a freshly started stack: a
+        server that came back from a kill may be healthy yet broken in ways a reset cannot see
+        (LMCache 0.5.6's Redis adapter never reconnects after Redis restarts), and leaked sessions
+        would fail every later scenario's leak check. After one that served wrong outputs (its
+        ``recompute_equivalence`` failed) and did none of that, the next scenario gets the engine
+        restarted (the reset clears LMCache's tiers, whose copies may be wrong too): wrong KV an
+        engine loaded stays in its freed blocks, where it can reach later requests (vLLM CPU 0.32:
+        after l2-bitflip-served-as-kv, two cold misses of the next scenario on the same stack
+        generated token 0 from their fifth token on); the rest of the stack holds nothing of it,
+        and restarting it all cost every caught bug a whole stack start (twin, two LMCache
+        servers, Redis, the proxy).
 
         Args:
             stack_file: the scenario's stack file.
@@ -249,8 +261,10 @@ class StackPool:
         disruptive = any(f.kind in DISRUPTIVE_KINDS for f in result.faults)
         leaky = any(c.name == "leaks" and c.verdict != "passed" for c in result.checks)
         wrong = any(c.name == "recompute_equivalence" and c.verdict == "failed" for c in result.checks)
-        if disruptive or leaky or wrong or result.error:
+        if disruptive or leaky or result.error:
             self._dirty.add(key)
+        elif wrong:
+            self._engine_dirty.add(key)
 
     def keep_only(self, stack_file: Path) -> list[Path]:
         """Bring down every stack of the pool but ``stack_file``'s (unless ``keep``), so that a
@@ -267,6 +281,7 @@ class StackPool:
                 self._variables.pop(k, None)
                 self._used.discard(k)
                 self._dirty.discard(k)
+                self._engine_dirty.discard(k)
                 stack.down()
                 stack.release_ports()
         return gone

@@ -3,6 +3,11 @@
 Every scenario runs twice, on the clean engine and on the one with the bug, and asserts
 ``misbehaved == bug planted``: the clean run proves the scenario can pass, the buggy run that
 it can fail.
+
+The planted side of a scenario is one engine per clean engine, started with the clean one's
+flags, whose bug is switched for each test (``PUT /debug/bugs``, a test-only route of the
+reference engine) instead of an engine started per planted bug; it is handed over only when it
+is fit (running, idle, nothing held, its LMCache connection healthy), else started afresh.
 """
 
 from __future__ import annotations
@@ -52,8 +57,80 @@ def clean_fragile(fragile_stack: LMCacheStack, tmp_path_factory: pytest.TempPath
     eng.stop()
 
 
-def engine_for(planted: bool, bug: str, clean: Engine, make_engine) -> Engine:
-    """The clean engine, or a new one with ``--bug bug`` and otherwise the same flags.
+class SwitchedEngine:
+    """An engine whose planted bugs are switched at run time (``PUT /debug/bugs``), standing for
+    an engine started with ``--bug``: one start for all the planted tests of a module, where an
+    engine per test cost 7 to 10 s each. Before each switch it is checked as a fresh engine
+    would be (running, no request in it, no block held, no LMCache session or lookup open, its
+    LMCache connection healthy); one that is not (a planted bug wedged, leaked or disconnected
+    it) is started afresh, so no test inherits what another's bug left."""
+
+    def __init__(self, name: str, workdir: Path, args: list[str]) -> None:
+        self.name, self.workdir, self.args = name, workdir, args
+        self.starts = 0
+        self.engine = self._start()
+
+    def _start(self) -> Engine:
+        self.starts += 1
+        return Engine(f"{self.name}-{self.starts}", self.workdir, self.args).start()
+
+    def _fit(self) -> bool:
+        eng = self.engine
+        if not eng.proc.alive():
+            return False
+        try:
+            st = eng.state()
+            if (st["requests"] or st["blocks_held_by_requests"] or st["num_open_sessions"]
+                    or st["num_pending_lookups"]):
+                return False
+            if "lmcache-mp" in self.args:
+                eng.wait_lmcache("healthy", 10)  # a PING a second: about 2 s after a SIGCONT
+        except (httpx.HTTPError, AssertionError, KeyError):
+            return False
+        return True
+
+    def plant(self, bugs: list[str]) -> Engine:
+        """The engine, fit and with exactly ``bugs`` planted.
+
+        Raises:
+            AssertionError: the switch was refused, or ``/debug/state`` does not list ``bugs``.
+        """
+        if not self._fit():
+            self.engine.stop()
+            self.engine = self._start()
+        resp = self.engine.client.put("/debug/bugs", json={"bugs": bugs})
+        assert resp.status_code == 200, resp.text
+        assert self.engine.state()["bugs"] == sorted(bugs)
+        return self.engine
+
+    def stop(self) -> None:
+        """Stop the engine."""
+        self.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def planted_small(clean_small: Engine, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[SwitchedEngine]:
+    """The planted side of clean_small's scenarios: clean_small's flags, bugs switched."""
+    eng = SwitchedEngine("planted-small", tmp_path_factory.mktemp("planted-small"), clean_small.args)
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="module")
+def planted_fragile(clean_fragile: Engine, tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[SwitchedEngine]:
+    """The planted side of clean_fragile's scenarios: clean_fragile's flags, bugs switched."""
+    eng = SwitchedEngine("planted-fragile", tmp_path_factory.mktemp("planted-fragile"),
+                         clean_fragile.args)
+    yield eng
+    eng.stop()
+
+
+def engine_for(planted: bool, bug: str, clean: Engine, request: pytest.FixtureRequest,
+               switched: str) -> Engine:
+    """The clean engine, or the switched engine (the module fixture named ``switched``, started
+    only when a test plants a bug) with clean's flags and ``bug`` planted.
 
     The clean engines live for the whole module, and the tests before froze or resumed their
     LMCache server: the clean one is handed over only once its connection is healthy again
@@ -62,12 +139,13 @@ def engine_for(planted: bool, bug: str, clean: Engine, make_engine) -> Engine:
     that needs a hit fails for a reason that is not its own.
 
     Raises:
-        AssertionError: the clean engine's connection is not healthy within 30 s.
+        AssertionError: the clean engine's connection is not healthy within 30 s; the bug could
+            not be planted.
     """
     if not planted:
         clean.wait_lmcache("healthy", 30)
         return clean
-    return make_engine(bug, [*clean.args[len(SMALL_MODEL):], "--bug", bug])
+    return request.getfixturevalue(switched).plant([bug])
 
 
 def wait_for(cond, timeout_s: float, what: str) -> None:
@@ -96,10 +174,10 @@ def stream_and_disconnect(engine: Engine, prompt: list[int], request_id: str) ->
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_trust_failed_load(planted: bool, make_engine, twin: Engine, clean_fragile: Engine,
+def test_trust_failed_load(planted: bool, request: pytest.FixtureRequest, twin: Engine, clean_fragile: Engine,
                            fragile_stack: LMCacheStack) -> None:
     """F3: LMCache stops answering between lookup and retrieve; the load fails."""
-    eng = engine_for(planted, "trust-failed-load", clean_fragile, make_engine)
+    eng = engine_for(planted, "trust-failed-load", clean_fragile, request, "planted_fragile")
     failures_before = eng.metric("kvchaos_engine_load_failures_total")
     p = random_prompt(f"bugs:{600 + planted}", 1100)
     eng.complete(p, 2)
@@ -123,10 +201,10 @@ def test_trust_failed_load(planted: bool, make_engine, twin: Engine, clean_fragi
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_skip_abort_cleanup(planted: bool, make_engine, clean_fragile: Engine,
+def test_skip_abort_cleanup(planted: bool, request: pytest.FixtureRequest, clean_fragile: Engine,
                             fragile_stack: LMCacheStack) -> None:
     """F9: a client disconnect after a hit must end the LMCache session."""
-    eng = engine_for(planted, "skip-abort-cleanup", clean_fragile, make_engine)
+    eng = engine_for(planted, "skip-abort-cleanup", clean_fragile, request, "planted_fragile")
     aborts_before = eng.metric("kvchaos_engine_aborts_total")
     p = random_prompt(f"bugs:{700 + planted}", 1100)
     eng.complete(p, 2)
@@ -142,7 +220,7 @@ def test_skip_abort_cleanup(planted: bool, make_engine, clean_fragile: Engine,
 
 @pytest.mark.parametrize("bug", ["hit-plus-one-token", "hit-plus-one-chunk"])
 @pytest.mark.parametrize("planted", PLANTED)
-def test_hit_longer_than_loaded(bug: str, planted: bool, make_engine, twin: Engine,
+def test_hit_longer_than_loaded(bug: str, planted: bool, request: pytest.FixtureRequest, twin: Engine,
                                 clean_small: Engine) -> None:
     """F1/F2: the reported (and skipped) hit is longer than what LMCache loaded.
 
@@ -150,7 +228,7 @@ def test_hit_longer_than_loaded(bug: str, planted: bool, make_engine, twin: Engi
     position holds stale KV (as on a busy engine), not zeros. One wrong position out of 1,100
     flips greedy output within 64 tokens for most prompts, not all, so three prompts are sent.
     """
-    eng = engine_for(planted, bug, clean_small, make_engine)
+    eng = engine_for(planted, bug, clean_small, request, "planted_small")
     expected_len = {"hit-plus-one-token": 1025, "hit-plus-one-chunk": 1099}[bug]
     misbehaved = False
     for k in range(3):
@@ -163,10 +241,10 @@ def test_hit_longer_than_loaded(bug: str, planted: bool, make_engine, twin: Engi
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_drop_cache_salt(planted: bool, make_engine, twin: Engine,
+def test_drop_cache_salt(planted: bool, request: pytest.FixtureRequest, twin: Engine,
                          clean_small: Engine) -> None:
     """F12: tenant B must never hit tenant A's KV (salts differ)."""
-    eng = engine_for(planted, "drop-cache-salt", clean_small, make_engine)
+    eng = engine_for(planted, "drop-cache-salt", clean_small, request, "planted_small")
     p = random_prompt(f"bugs:{900 + planted}", 700)
     a = eng.complete(p, 8, cache_salt="tenant-a")
     b = eng.complete(p, 8, cache_salt="tenant-b")
@@ -178,10 +256,10 @@ def test_drop_cache_salt(planted: bool, make_engine, twin: Engine,
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_store_before_compute(planted: bool, make_engine, twin: Engine,
+def test_store_before_compute(planted: bool, request: pytest.FixtureRequest, twin: Engine,
                               clean_small: Engine) -> None:
     """A chunk stored before its KV exists poisons the next request's hit."""
-    eng = engine_for(planted, "store-before-compute", clean_small, make_engine)
+    eng = engine_for(planted, "store-before-compute", clean_small, request, "planted_small")
     p = random_prompt(f"bugs:{1000 + planted}", 1100)
     first = eng.complete(p, 24, ignore_eos=True)
     second = eng.complete(p, 24, ignore_eos=True)
@@ -192,13 +270,13 @@ def test_store_before_compute(planted: bool, make_engine, twin: Engine,
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_stale_blocks_on_resume(planted: bool, make_engine, twin: Engine,
+def test_stale_blocks_on_resume(planted: bool, request: pytest.FixtureRequest, twin: Engine,
                                 clean_small: Engine) -> None:
     """F10: a preempted request resumes on blocks other requests have overwritten.
 
     4 x (600 + 260) tokens in a 100-block pool: two run, their decodes run out of blocks.
     """
-    eng = engine_for(planted, "stale-blocks-on-resume", clean_small, make_engine)
+    eng = engine_for(planted, "stale-blocks-on-resume", clean_small, request, "planted_small")
     preemptions_before = eng.metric("vllm:num_preemptions_total")
     prompts = [random_prompt(f"bugs:{1100 + 10 * i + planted}", 600) for i in range(4)]
     results: dict[int, dict] = {}
@@ -218,7 +296,7 @@ def test_stale_blocks_on_resume(planted: bool, make_engine, twin: Engine,
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_retry_failed_load_forever(planted: bool, make_engine, twin: Engine,
+def test_retry_failed_load_forever(planted: bool, request: pytest.FixtureRequest, twin: Engine,
                                    clean_fragile: Engine, fragile_stack: LMCacheStack) -> None:
     """F4: a load that keeps failing must fall back to recompute, and not wedge the queue.
 
@@ -226,7 +304,7 @@ def test_retry_failed_load_forever(planted: bool, make_engine, twin: Engine,
     10 s: every retrieve fails. A second request (a miss) arrives meanwhile. Both must finish
     while LMCache is still down.
     """
-    eng = engine_for(planted, "retry-failed-load-forever", clean_fragile, make_engine)
+    eng = engine_for(planted, "retry-failed-load-forever", clean_fragile, request, "planted_fragile")
     p = random_prompt(f"bugs:{1200 + planted}", 1100)
     q = random_prompt(f"bugs:{1210 + planted}", 300)
     eng.complete(p, 2)
@@ -299,10 +377,10 @@ def test_repoll_timed_out_lookup(planted: bool, make_engine, twin: Engine,
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_no_reconnect(planted: bool, make_engine, twin: Engine, clean_fragile: Engine,
+def test_no_reconnect(planted: bool, request: pytest.FixtureRequest, twin: Engine, clean_fragile: Engine,
                       fragile_stack: LMCacheStack) -> None:
     """F11: after LMCache is lost and back, hits must come back (outputs correct either way)."""
-    eng = engine_for(planted, "no-reconnect", clean_fragile, make_engine)
+    eng = engine_for(planted, "no-reconnect", clean_fragile, request, "planted_fragile")
     p = random_prompt(f"bugs:{1400 + planted}", 600)
     eng.complete(p, 2)
     # the fragile stack's 1 s MQ timeout: on a loaded host one lookup may time out; the point
@@ -327,7 +405,7 @@ def test_no_reconnect(planted: bool, make_engine, twin: Engine, clean_fragile: E
 
 
 def test_a_clean_engine_is_handed_over_healthy_after_its_server_resumed(
-        make_engine, clean_fragile: Engine, fragile_stack: LMCacheStack) -> None:
+        request: pytest.FixtureRequest, clean_fragile: Engine, fragile_stack: LMCacheStack) -> None:
     """The CI failure of 4aee278 (test_no_reconnect[False]: hits ``[0, 0, 0]``, every lookup
     ``error``): test_repoll_timed_out_lookup[True] had just resumed the fragile server, the
     module's clean engine was still unhealthy, and its first requests skipped LMCache.
@@ -340,7 +418,7 @@ def test_a_clean_engine_is_handed_over_healthy_after_its_server_resumed(
         clean_fragile.wait_lmcache("unhealthy", 15)
     finally:
         fragile_stack.server.signal(signal.SIGCONT)
-    eng = engine_for(False, "no-reconnect", clean_fragile, make_engine)
+    eng = engine_for(False, "no-reconnect", clean_fragile, request, "planted_fragile")
     assert eng.state()["lmcache"]["state"] == "healthy"
     assert stats(eng.complete(p, 2))["lookup"] in ("miss", "timeout")  # 1 s MQ timeout
     hits = [stats(eng.complete(p, 2))["external_cache_hit_tokens"] for _ in range(3)]
@@ -362,15 +440,37 @@ def test_bugs_planted_through_environment(make_engine, twin: Engine,
     assert twin.state()["bugs"] == []
 
 
+def test_planted_bugs_switch_at_run_time_only_while_the_engine_is_idle(planted_small: SwitchedEngine) -> None:
+    """``PUT /debug/bugs`` (what SwitchedEngine stands on): it replaces the planted set, names
+    an unknown bug with a 400, and refuses with a 409 while a request is in the engine, which
+    would otherwise run its steps under two sets of bugs."""
+    eng = planted_small.plant(["drop-cache-salt", "hit-plus-one-token"])
+    assert eng.state()["bugs"] == ["drop-cache-salt", "hit-plus-one-token"]
+    bad = eng.client.put("/debug/bugs", json={"bugs": ["no-such-bug"]})
+    assert bad.status_code == 400 and "no-such-bug" in bad.text
+    running = threading.Thread(target=lambda: eng.complete(random_prompt("bugs:1490", 300), 400,
+                                                           ignore_eos=True))
+    running.start()
+    try:
+        wait_for(lambda: bool(eng.state()["requests"]), 30, "the request is in the engine")
+        busy = eng.client.put("/debug/bugs", json={"bugs": []})
+        assert busy.status_code == 409, busy.text
+    finally:
+        running.join(timeout=120)
+    assert eng.state()["bugs"] == ["drop-cache-salt", "hit-plus-one-token"]  # the refused switch did nothing
+    assert eng.client.put("/debug/bugs", json={"bugs": []}).json() == {"bugs": []}
+    assert eng.state()["bugs"] == []
+
+
 @pytest.mark.parametrize("planted", PLANTED)
-def test_store_after_hit_wrong_blocks(planted: bool, make_engine, twin: Engine,
+def test_store_after_hit_wrong_blocks(planted: bool, request: pytest.FixtureRequest, twin: Engine,
                                       clean_small: Engine) -> None:
     """A store that starts after an LMCache hit must take its own chunks' blocks.
 
     Three turns: the second hits the first's 2 chunks and stores chunk 3 after that partial
     hit; the third hits chunk 3. Only the third reads what the store after the hit wrote.
     """
-    eng = engine_for(planted, "store-after-hit-wrong-blocks", clean_small, make_engine)
+    eng = engine_for(planted, "store-after-hit-wrong-blocks", clean_small, request, "planted_small")
     p1 = random_prompt(f"bugs:{1500 + planted}", 600)
     p2 = p1 + random_prompt(f"bugs:{1510 + planted}", 250)
     p3 = p2 + random_prompt(f"bugs:{1520 + planted}", 100)
@@ -382,28 +482,44 @@ def test_store_after_hit_wrong_blocks(planted: bool, make_engine, twin: Engine,
     assert (ids(third) != ids(twin.complete(p3, 24, ignore_eos=True))) == planted
 
 
-@pytest.fixture()
-def own_stack(tmp_path: Path) -> Iterator[LMCacheStack]:
-    """A stack for one test alone: for a planted bug that leaves read locks behind. LMCache
-    keeps a leaked read lock for its read TTL (300 s), so on a shared stack the leak would fail
-    later tests (the session stack's leak check in conftest.py) and, on a stack whose earlier
-    leaks may expire at any moment, a count relative to a baseline could miss it."""
-    stack = LMCacheStack(tmp_path / "own-stack")
+@pytest.fixture(scope="module")
+def lock_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LMCacheStack, SwitchedEngine]]:
+    """A stack of the module's own for a planted bug that leaves read locks behind, with its
+    engine (prefix caching on, bugs switched). LMCache keeps a leaked read lock for its read TTL
+    (300 s), so on the shared stack the leak would fail later tests (the session stack's leak
+    check in conftest.py)."""
+    stack = LMCacheStack(tmp_path_factory.mktemp("lock-stack"))
     stack.start()
-    yield stack
+    eng = SwitchedEngine("local-cover", tmp_path_factory.mktemp("local-cover"),
+                         [*SMALL_MODEL, "--num-blocks", "200", "--enable-prefix-caching",
+                          *lmcache_args(stack)])
+    yield stack, eng
+    eng.stop()
     stack.stop()
 
 
+@pytest.fixture()
+def own_stack(lock_stack: tuple[LMCacheStack, SwitchedEngine]) -> LMCacheStack:
+    """lock_stack's stack, handed over as a stack of the test's own would be: with no read lock.
+    After a planted leak its server is restarted, and the engine with it (a count relative to a
+    baseline could miss a leak on a stack whose earlier leaks may expire at any moment)."""
+    stack, eng = lock_stack
+    if stack.l1()["read_locked_count"] != 0:
+        eng.stop()
+        stack.server.kill()
+        stack.start_server()
+        eng.engine = eng._start()
+    return stack
+
+
 @pytest.mark.parametrize("planted", PLANTED)
-def test_keep_locks_on_local_hit(planted: bool, own_stack: LMCacheStack, make_engine) -> None:
+def test_keep_locks_on_local_hit(planted: bool, own_stack: LMCacheStack,
+                                 lock_stack: tuple[LMCacheStack, SwitchedEngine]) -> None:
     """F8: the local prefix cache covers the whole LMCache hit; the lookup's locks must go.
 
     On a stack of its own: the planted bug leaves both chunks of the hit read-locked, exactly.
     """
-    args = ["--num-blocks", "200", "--enable-prefix-caching", *lmcache_args(own_stack)]
-    if planted:
-        args += ["--bug", "keep-locks-on-local-hit"]
-    eng = make_engine(f"local-cover-{planted}", args)
+    eng = lock_stack[1].plant(["keep-locks-on-local-hit"] if planted else [])
     p = random_prompt(f"bugs:{1600 + planted}", 600)
     eng.complete(p, 2)
     assert own_stack.l1()["read_locked_count"] == 0
@@ -416,7 +532,7 @@ def test_keep_locks_on_local_hit(planted: bool, own_stack: LMCacheStack, make_en
 
 
 @pytest.mark.parametrize("planted", PLANTED)
-def test_short_free_after_failed_load(planted: bool, make_engine, clean_fragile: Engine,
+def test_short_free_after_failed_load(planted: bool, request: pytest.FixtureRequest, clean_fragile: Engine,
                                       fragile_stack: LMCacheStack) -> None:
     """A retrieve the adapter drops (LMCache unhealthy) leaves the lookup's locks on the server:
     the engine must free them all once LMCache is back.
@@ -425,7 +541,7 @@ def test_short_free_after_failed_load(planted: bool, make_engine, clean_fragile:
     heartbeat to fail, so the retrieve is dropped unsent (the server never releases its locks
     itself, unlike a retrieve that times out on a frozen server).
     """
-    eng = engine_for(planted, "short-free-after-failed-load", clean_fragile, make_engine)
+    eng = engine_for(planted, "short-free-after-failed-load", clean_fragile, request, "planted_fragile")
     p = random_prompt(f"bugs:{1700 + planted}", 1100)
     eng.complete(p, 2)
     time.sleep(0.5)

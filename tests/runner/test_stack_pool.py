@@ -114,11 +114,11 @@ def test_a_pool_never_refuses_its_own_ports(tmp_path, monkeypatch):
         pool.close()
 
 
-def test_a_scenario_that_served_wrong_outputs_gets_the_next_one_a_fresh_stack(tmp_path):
+def test_a_scenario_that_served_wrong_outputs_gets_the_next_one_a_fresh_engine(tmp_path):
     """Wrong KV an engine loaded stays in its freed blocks (the input: on vLLM CPU, after
     l2-bitflip-served-as-kv failed recompute_equivalence, two cold misses of the next scenario on
     the same stack generated token 0 from their fifth token): a failed recompute_equivalence
-    marks the stack for a restart; a passed one, or any other failed check, does not."""
+    marks the stack's engine for a restart; a passed one, or any other failed check, does not."""
     marker = tmp_path / "may-start"
     marker.touch()
     stack_file = starts_once_allowed(tmp_path, marker)
@@ -133,6 +133,44 @@ def test_a_scenario_that_served_wrong_outputs_gets_the_next_one_a_fresh_stack(tm
         pool.release(stack_file, ended(recompute_equivalence="passed", liveness="failed"))
         assert not pool._dirty
         pool.release(stack_file, ended(recompute_equivalence="failed", leaks="passed"))
-        assert pool._dirty == {stack_file.resolve()}
+        assert not pool._dirty and pool._engine_dirty == {stack_file.resolve()}
+    finally:
+        pool.close()
+
+
+def test_after_wrong_outputs_the_next_scenario_gets_the_engine_restarted_and_the_rest_kept(tmp_path):
+    """Wrong outputs alone (no disruptive fault, no leak, no error) restart the stack's engine,
+    where the wrong KV stays, and nothing else: a whole stack restart cost every caught bug the
+    start of the twin, both LMCache servers, Redis and the proxy. A passing run restarts nothing."""
+    stack_file = tmp_path / "stack.yml"
+    sleeper = '[python, -c, "import time; time.sleep(600)"]'
+    stack_file.write_text(textwrap.dedent(f"""
+        x-kvchaos:
+          engine: engine
+        services:
+          engine:
+            command: {sleeper}
+          store:
+            command: {sleeper}
+    """))
+    pool = StackPool("local", tmp_path / "stacks")
+
+    def ended(**verdicts: str) -> SimpleNamespace:
+        return SimpleNamespace(faults=[], error=None,
+                               checks=[SimpleNamespace(name=n, verdict=v) for n, v in verdicts.items()])
+
+    def pids(stack) -> dict[str, int | None]:
+        return {name: st.pid for name, st in stack.status().items()}
+
+    try:
+        stack = pool.acquire(stack_file)
+        first = pids(stack)
+        pool.release(stack_file, ended(recompute_equivalence="failed", leaks="passed"))
+        assert pool.acquire(stack_file) is stack
+        second = pids(stack)
+        assert second["engine"] != first["engine"] and second["store"] == first["store"], (first, second)
+        assert stack.status()["engine"].state == "running"
+        pool.release(stack_file, ended(recompute_equivalence="passed"))
+        assert pool.acquire(stack_file) is stack and pids(stack) == second
     finally:
         pool.close()
