@@ -142,14 +142,22 @@ def _end_group(entry: dict[str, Any]) -> str | None:
         except ProcessLookupError:
             return f"ended process group {pgid} ({name})"
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_pgid(q.pid) == pgid and q.status() != psutil.STATUS_ZOMBIE
-                                              for q in psutil.process_iter()):
+    while time.monotonic() < deadline and any(_live_member(q, pgid) for q in psutil.process_iter()):
         time.sleep(0.1)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     return f"ended process group {pgid} ({name})"
+
+
+def _live_member(proc: psutil.Process, pgid: int) -> bool:
+    """Whether ``proc`` is in process group ``pgid`` and not a zombie; False once it has gone
+    (a member just sent SIGTERM is reaped between the group read and the status read)."""
+    try:
+        return _pgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _pgid(pid: int) -> int | None:

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 
 from chaos.faults.base import Fault
@@ -73,6 +74,20 @@ def default_sigint() -> None:
     the child inherits that, and Python (and kvchaos, on purpose: chaos/interrupts.py) keeps an
     inherited SIG_IGN, so the test would see its SIGINT ignored because of how CI was started."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def command_line(proc: psutil.Process | int) -> str:
+    """The command line of ``proc`` (a ``psutil.Process`` or a pid) joined by spaces, or ``""``
+    when it cannot be read: the process has exited, is a zombie its parent has not reaped yet
+    (psutil raises ``ZombieProcess`` for its ``cmdline()``), or is not ours to read. A test that
+    scans a starting stack's process tree meets such short-lived children (a set-up subprocess
+    that just ended): the input that showed it, a ``ZombieProcess`` raised from
+    tests/vllm/test_benchmark_signals.py's wait for the services in CI."""
+    try:
+        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def communicate_or_dump(proc: subprocess.Popen, timeout: float, state_dir: str | Path | None = None) -> str:

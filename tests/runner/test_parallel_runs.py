@@ -28,7 +28,7 @@ import pytest
 from chaos.campaign import default_jobs, parse_jobs
 from chaos.journal import all_journals, open_entries
 from chaos.procid import identity, same_process
-from kvchaos_support import communicate_or_dump, default_sigint
+from kvchaos_support import command_line, communicate_or_dump, default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -211,7 +211,7 @@ def test_sigterm_mid_run_reports_interrupted_exits_143_and_leaves_nothing(tmp_pa
         assert result["interrupted"]["signal"] == "SIGTERM", result["interrupted"]
         history = [json.loads(x) for x in (reports / r["run_dir"] / "history.jsonl").read_text().splitlines()]
         assert [op["fault_id"] for op in history if op["f"] == "heal" and op["type"] == "ok"] == ["slow-link"]
-    assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
+    assert _alive(procs) == [], [command_line(q) for q in _alive(procs)]
     assert not any(open_entries(j) for j in all_journals(tmp_path / "state" / "journal"))
 
 
@@ -245,7 +245,7 @@ def test_sigint_to_the_group_while_the_stacks_start_reports_interrupted_and_leav
     assert suite["interrupted"]["signal"] == "SIGINT"
     for r in suite["runs"]:
         assert (reports / r["run_dir"] / "report.html").exists()
-    assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
+    assert _alive(procs) == [], [command_line(q) for q in _alive(procs)]
     assert not any(open_entries(j) for j in all_journals(journal))
 
 
@@ -264,7 +264,7 @@ def _two_holding(tmp_path: Path, durations: tuple[str, str]) -> tuple[subprocess
 
 
 def _workers(procs: list[tuple[int, dict]]) -> list[psutil.Process]:
-    return [psutil.Process(pid) for pid, _ in procs[1:] if "chaos.campaign" in " ".join(psutil.Process(pid).cmdline())]
+    return [psutil.Process(pid) for pid, _ in procs[1:] if "chaos.campaign" in command_line(pid)]
 
 
 @pytest.mark.slow
@@ -286,7 +286,7 @@ def test_sigkill_of_the_parent_leaves_no_worker_and_no_stack_without_any_cleanup
         result = json.loads(run.read_text())
         assert (result["verdict"], result["interrupted"]["signal"]) == ("interrupted", "SIGTERM"), result
     assert len(list(reports.glob("hold-*/result.json"))) == 2
-    assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
+    assert _alive(procs) == [], [command_line(q) for q in _alive(procs)]
     assert not any(open_entries(j) for j in all_journals(tmp_path / "state" / "journal"))
 
 
@@ -313,7 +313,7 @@ def test_a_worker_killed_mid_run_gives_its_scenario_an_infrastructure_error_and_
     assert runs["hold-a"]["exit_code"] == 3, runs
     assert f"pid {victim.pid}) died during this run (killed by SIGKILL)" in runs["hold-a"]["summary"], runs
     # What the dead worker's journals held (its stack, its toxic) was undone; nothing remains.
-    assert _alive(procs) == [], [psutil.Process(q).cmdline() for q in _alive(procs)]
+    assert _alive(procs) == [], [command_line(q) for q in _alive(procs)]
     assert not any(open_entries(j) for j in all_journals(tmp_path / "state" / "journal"))
 
 

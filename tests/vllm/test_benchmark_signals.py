@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kvchaos_support import command_line
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.vllm
@@ -24,7 +26,7 @@ def _alive(procs: list[psutil.Process]) -> list[str]:
     for p in procs:
         try:
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+                left.append(f"{p.pid} {command_line(p)[:120]}")
         except psutil.NoSuchProcess:
             pass
     return left
@@ -46,7 +48,7 @@ def test_a_sigterm_while_the_stack_starts_brings_every_service_down(tmp_path):
         services: list[psutil.Process] = []
         while time.monotonic() < deadline and bench.poll() is None:
             services = parent.children(recursive=True)
-            lines = [" ".join(p.cmdline()) for p in services if p.is_running()]
+            lines = [command_line(p) for p in services]
             if any("lmcache" in c and "server" in c for c in lines) and any("chaos.vllm.launch" in c for c in lines):
                 break
             time.sleep(0.5)
