@@ -108,3 +108,32 @@ def test_no_program_text_in_yaml(path: Path) -> None:
     text = path.read_text()
     assert not re.search(r"\bpython3?\b\s*,\s*-c\b|\bsh\b\s*,\s*-c\b|\bbash\b\s*,\s*-c\b", text), path.name
     assert "kind: hook" not in text, f"{path.name}: use a fault kind (tier_flush, retrieve_fail, ...) instead"
+
+
+#: Fault kinds whose window is what the requests of their own phase do some time after they are
+#: sent: their L2 stores (disk_full) or their loads from a tier the fault emptied or broke
+#: (tier_flush, l2_corrupt, l2_fault_inject).
+_WINDOW_IS_THE_PHASES_STORES_OR_LOADS = {"disk_full", "tier_flush", "l2_corrupt", "l2_fault_inject"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_a_store_or_load_window_lasts_as_long_as_the_phases_requests(path: Path) -> None:
+    """A fault whose window is the stores or loads of its own phase's requests, in a phase that
+    sends requests, lasts ``until: end`` (the phase ends after its requests), never a fixed
+    ``duration`` that the requests can outlast on a slow host.
+
+    The input that showed it: l2-tiers-down-compound in a catalogue run on a loaded host (8 busy
+    loops, load 11-23 on 2 cores): its `disk_full` lasted a fixed 6 s, the phase's requests took
+    9.5 s each (1-2 s on a quiet host) and stored only after the fill was healed: "fill-l2fs
+    (disk_full): did not bite ... submitted_chunks=0, stored_chunks=0 ... no L2 store was
+    attempted while the disk was full", an inconclusive run that fails `pytest -m chaos`."""
+    s = load_scenario(path)
+    for phase in s.phases:
+        if not s.phase_requests(phase):
+            continue  # a phase that sends nothing: its window is a later phase's (the fault's trigger says)
+        for fault in phase.faults:
+            if fault.kind in _WINDOW_IS_THE_PHASES_STORES_OR_LOADS and fault.after == "phase_start":
+                assert fault.until == "end", (
+                    f"{path.name}: phase {phase.name}: fault {fault.name or fault.kind} ({fault.kind}) lasts a "
+                    f"fixed {fault.duration} s, which the phase's requests can outlast on a slow host "
+                    "before they store or load: write `until: end`")
