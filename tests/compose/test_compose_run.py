@@ -148,11 +148,12 @@ def _history_ops(root: Path) -> list[dict]:
     return ops
 
 
-#: When the SIGINT is sent, each an event of the run (not a guess at a delay): the engine's
-#: container runs (the stack is still starting: the LMCache and proxy containers wait on it);
-#: the history's first record (the scenario runs); the kill of LMCache in place (its restart is
-#: due 3 s later, from a timer thread).
+#: When the SIGINT is sent, each an event of the run (not a guess at a delay): the filesystem
+#: L2's tmpfs is mounted (no container yet); the engine's container runs (the stack is still
+#: starting: the LMCache and proxy containers wait on it); the history's first record (the
+#: scenario runs); the kill of LMCache in place (its restart is due 3 s later, from a timer thread).
 MOMENTS = {
+    "l2-mounted": lambda _docker, root: bool(mounts_under(root)),
     "engine-running": _engine_running,
     "first-record": lambda _docker, root: bool(_history_ops(root)),
     "lmcache-killed": lambda _docker, root: any(o.get("f") == "apply" and o.get("type") == "ok"
