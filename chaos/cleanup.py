@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -168,12 +167,19 @@ def _pgid(pid: int) -> int | None:
 
 
 def _unmount(entry: dict[str, Any]) -> str | None:
+    """Every mount at the entry's path (a busy one lazily; chaos/stack/mounts.py).
+
+    Raises:
+        RuntimeError: a mount is still there (umount's answer in the message).
+    """
+    from chaos.stack.mounts import mounts_at, unmount_all
+
     path = entry["path"]
-    if not os.path.ismount(path):
+    if not mounts_at(path):
         return None
-    r = subprocess.run(["umount", "-l", path], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"umount {path}: {r.stderr.strip()}")
+    left = unmount_all(path)
+    if left is not None:
+        raise RuntimeError(f"umount {path}: {left}")
     return f"unmounted {path}"
 
 

@@ -13,6 +13,8 @@
   LMCache HTTP API with just the routes a test needs).
 - ``flaky_stack(crashing)``: a stack file's text with one service, ``flaky``, whose start-ups
   numbered in ``crashing`` exit 3 at once (a crash at start-up, no port held by another).
+- ``mounts_under(root)``, ``open_journal_entries(state_dir)``: what a run left mounted under its
+  folder, and what its journals still hold open (the "leaves nothing" assertions).
 """
 
 from __future__ import annotations
@@ -66,6 +68,31 @@ x-kvchaos:
   lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
   l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
 """
+
+
+def mounts_under(root: str | Path) -> list[str]:
+    """Mount points at or under ``root`` in this mount namespace (``/proc/self/mounts``, octal
+    escapes decoded), one per mount: a tmpfs mounted twice on one path is listed twice."""
+    base = os.path.realpath(root)
+    found = []
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 2:
+                continue
+            point = fields[1].encode("utf-8", "surrogateescape").decode("unicode_escape")
+            if point == base or point.startswith(base.rstrip("/") + "/"):
+                found.append(point)
+    return found
+
+
+def open_journal_entries(state_dir: str | Path) -> list[str]:
+    """``"<kind> <key>"`` of each entry still open in the journals under ``state_dir`` (a run's
+    ``KVCHAOS_STATE_DIR``): what ``kvchaos cleanup`` would still have to undo."""
+    from chaos.journal import all_journals
+
+    return [f"{e.get('kind')} {e.get('key')}" for j in all_journals(Path(state_dir) / "journal")
+            for e in open_entries(j)]
 
 
 def default_sigint() -> None:

@@ -144,6 +144,9 @@ class StackPool:
         self._dirty: set[Path] = set()
         #: stacks whose engine served wrong outputs: the next scenario gets the engine restarted
         self._engine_dirty: set[Path] = set()
+        #: what bringing a stack down could not undo (a container, a mount), one line each, with
+        #: who undoes it; the journal keeps it for ``kvchaos cleanup``
+        self.teardown_errors: list[str] = []
 
     def acquire(self, stack_file: Path, variables: dict[str, str] | None = None,
                 say: Callable[[str], None] = lambda _m: None) -> Stack:
@@ -227,14 +230,16 @@ class StackPool:
         (its checks would report the missing stack as the system's failure)."""
         try:
             stack.up()
-        except BaseException:
+        except BaseException as exc:
             self._stacks.pop(key, None)
             self._variables.pop(key, None)
             self._used.discard(key)
             try:
-                stack.down()
-            except Exception:
-                pass
+                stack.down()  # again: up() brought it down, and what that left may go now
+            except StackError as left:
+                self.teardown_errors.append(str(left))
+            except Exception as left:
+                self.teardown_errors.append(f"stack {key.name}: {type(left).__name__}: {left}")
             stack.release_ports()  # a new stack of this process may set them (its own variables)
             raise
 
@@ -270,7 +275,8 @@ class StackPool:
         """Bring down every stack of the pool but ``stack_file``'s (unless ``keep``), so that a
         campaign worker moving to another stack file holds one stack at a time (its memory is
         what :func:`chaos.campaign.default_jobs` counts). Returns the stack files brought down.
-        Signals are held until it is done, as in :meth:`close`."""
+        Signals are held until it is done, as in :meth:`close`; what a teardown could not undo is
+        raised by :meth:`close`."""
         if self.keep:
             return []
         key = Path(stack_file).resolve()
@@ -282,18 +288,44 @@ class StackPool:
                 self._used.discard(k)
                 self._dirty.discard(k)
                 self._engine_dirty.discard(k)
-                stack.down()
-                stack.release_ports()
+                self._down(stack)
         return gone
+
+    def raise_teardown_errors(self) -> None:
+        """Raise what bringing stacks down could not undo (once: the list is emptied).
+
+        Raises:
+            StackError: one line per thing left (a container, a mounted filesystem L2), each
+                naming who undoes it (``kvchaos cleanup``, from the run's journal).
+        """
+        left, self.teardown_errors = self.teardown_errors, []
+        if left:
+            raise StackError("; ".join(left))
+
+    def _down(self, stack: Stack) -> None:
+        """``stack.down()`` and its port claims dropped; what the teardown could not undo goes
+        to :attr:`teardown_errors` (never raised: the other stacks still go down)."""
+        try:
+            stack.down()
+        except Exception as exc:
+            self.teardown_errors.append(str(exc) if isinstance(exc, StackError)
+                                        else f"stack {Path(stack.spec.path).name}: {type(exc).__name__}: {exc}")
+        finally:
+            stack.release_ports()  # a later pool of this process may set the same ports
 
     def close(self) -> None:
         """Bring every stack down and drop its port claims (unless ``keep``). A second Ctrl-C or
         SIGTERM while this runs is held back until it is done: an impatient user must not leave
-        processes behind."""
+        processes behind. A stack that could not be brought down whole does not stop the others.
+
+        Raises:
+            StackError: what the stacks' teardowns (and those of stacks that failed to start)
+                could not undo, once every stack was brought down.
+        """
         if self.keep:
             return
         with interrupts_deferred():
             for stack in self._stacks.values():
-                stack.down()
-                stack.release_ports()  # a later pool of this process may set the same ports
+                self._down(stack)
             self._stacks.clear()
+            self.raise_teardown_errors()

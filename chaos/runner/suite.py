@@ -228,17 +228,28 @@ def result_after_interrupt(box: dict, stop: RunInterrupted) -> RunResult:
 
 def close_pool(pool: StackPool, say: Callable[[str], None], stop: RunInterrupted | None) -> RunInterrupted | None:
     """Bring the pool's stacks down (unless it keeps them, ``--keep-stack``) in the stage
-    "teardown", with a second signal held until they are down.
+    "teardown", with a second signal held until they are down. What a stack's teardown could
+    not undo (a container, a mounted filesystem L2) is written to stderr, one ``kvchaos: error:``
+    line naming it and ``kvchaos cleanup``, which undoes it from the journal.
 
     Returns:
         the signal that stopped the suite: ``stop``, else one that came during the teardown.
     """
     try:
         with interrupts.stage("teardown"):
-            say("stopping stacks" if not pool.keep else "leaving stacks up (--keep-stack)")
-            pool.close()
+            try:
+                say("stopping stacks" if not pool.keep else "leaving stacks up (--keep-stack)")
+            finally:
+                pool.close()
     except KeyboardInterrupt as exc:
         stop = stop or interrupts.as_interrupt(exc)
+    except StackError as exc:  # never silent: the journal keeps it for `kvchaos cleanup`
+        import sys
+
+        try:
+            print(f"kvchaos: error: {exc}", file=sys.stderr, flush=True)
+        except OSError:  # stderr gone (its reader died)
+            pass
     return stop
 
 

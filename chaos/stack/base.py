@@ -50,6 +50,22 @@ def new_run_id(prefix: str = "stack") -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
+def cleanup_hint(journal: Journal) -> str:
+    """The end of a message naming what a stack's teardown could not undo: who undoes it."""
+    return f"`kvchaos cleanup` undoes it once this run has ended (journal {journal.path})"
+
+
+def down_after_failed_up(stack: "Stack", failure: BaseException) -> None:
+    """``stack.down()`` while ``failure`` (a failed start-up, a signal) is on its way out of
+    ``up()``: what the teardown could not undo (a StackError of ``down()``) is added to
+    ``failure`` as a note, so the failure is still what is raised and what is left is not
+    silent (and stays in the journal for ``kvchaos cleanup``)."""
+    try:
+        stack.down()
+    except StackError as left:
+        failure.add_note(str(left))
+
+
 class Stack(abc.ABC):
     """A running (or startable) stack. Use as a context manager: ``down()`` runs on every exit.
 

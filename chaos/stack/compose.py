@@ -64,7 +64,8 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from chaos import interrupts
 from chaos.journal import Journal
-from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
+from chaos.stack.base import (ServiceExit, ServiceStatus, Stack, StackError, cleanup_hint, down_after_failed_up,
+                              new_run_id)
 from chaos.stack.environment import TELEMETRY_OFF
 from chaos.stack.interpolate import interpolate_data
 from chaos.stack.local import LocalStack, signal_number
@@ -731,8 +732,8 @@ class ComposeStack(Stack):
                 list(self.spec.services),
                 lambda names: self._compose("up", "-d", "--no-deps", "--no-build", *names),
                 self._wait_many)
-        except BaseException:
-            self.down()
+        except BaseException as exc:
+            down_after_failed_up(self, exc)
             raise
 
     def _wait_many(self, names: list[str]) -> None:
@@ -970,7 +971,16 @@ class ComposeStack(Stack):
     def down(self) -> None:
         """Save the containers' logs into ``<run_dir>/logs``, ``compose down`` (containers,
         networks, volumes, orphans), then remove whatever of the project is still there through
-        the engine; removes ``state.json`` and closes the journal entry. Safe to call twice."""
+        the engine and unmount the filesystem L2; removes ``state.json`` and closes the journal
+        entries of what is gone. Each step runs whatever the one before it raised. Safe to call
+        twice.
+
+        Raises:
+            StackError: the project's containers could not be removed or the filesystem L2
+                could not be unmounted (each named); their journal entries stay open, so
+                ``kvchaos cleanup`` undoes them once this run has ended.
+        """
+        left: list[str] = []
         try:
             try:
                 self.collect_logs(self.log_dir)
@@ -984,13 +994,21 @@ class ComposeStack(Stack):
                 except StackError:
                     pass
         finally:
-            remove_project(self.project, self.client)
-            self._unmount_l2()
+            try:
+                remove_project(self.project, self.client)
+                self.journal.remove("compose_project", self.project)
+            except Exception as exc:  # the engine did not answer or refused: cleanup retries
+                left.append(f"compose project {self.project}: {type(exc).__name__}: {exc}")
+            try:
+                self._unmount_l2()
+            except StackError as exc:
+                left.append(str(exc))
             state = self.run_dir / "state.json"
             if state.exists():
                 state.unlink()
-            self.journal.remove("compose_project", self.project)
             self.journal.close()
+        if left:
+            raise StackError("stack down left " + "; ".join(left) + "; " + cleanup_hint(self.journal))
 
     # --- filesystem L2 ------------------------------------------------------------------
     # The same host tmpfs as LocalStack's (one implementation; it only needs settings + journal).

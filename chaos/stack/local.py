@@ -32,8 +32,10 @@ from chaos import interrupts
 from chaos.journal import Journal
 from chaos.procid import identity, same_process
 from chaos.proxy.real import BIN_ENV, MissingToxiproxy, asks_for_real, verified_binary
-from chaos.stack.base import ServiceExit, ServiceStatus, Stack, StackError, new_run_id
+from chaos.stack.base import (ServiceExit, ServiceStatus, Stack, StackError, cleanup_hint, down_after_failed_up,
+                              new_run_id)
 from chaos.stack.environment import service_environment
+from chaos.stack.mounts import unmount_all
 from chaos.stack.ports import release_all
 from chaos.stack.probe import group_pids, probe, probe_url_of
 from chaos.stack.spec import Service, StackSpec, load_stack, port_owner
@@ -251,8 +253,8 @@ class LocalStack(Stack):
         try:
             self._start_in_dependency_order(wanted, lambda names: [self._spawn(n) for n in names],
                                             self._wait_many)
-        except BaseException:
-            self.down()
+        except BaseException as exc:
+            down_after_failed_up(self, exc)
             raise
         self._save_state()
 
@@ -282,14 +284,20 @@ class LocalStack(Stack):
             raise StackError(f"could not mount a {s.l2_fs_size} tmpfs at {path}: {r.stderr.strip()}")
 
     def _unmount_l2(self) -> None:
+        """Unmount the filesystem L2's tmpfs (every mount at ``l2_fs_path``; a busy one lazily,
+        chaos/stack/mounts.py) and close its journal entry once nothing is mounted there.
+
+        Raises:
+            StackError: a mount is still there (the message names the path and umount's
+                answer); the journal entry stays open for ``kvchaos cleanup``.
+        """
         s = self.settings
         if not s.l2_fs_size or not s.l2_fs_path:
             return
         path = Path(s.l2_fs_path)
-        if os.path.ismount(path):
-            r = subprocess.run(["umount", str(path)], capture_output=True, text=True)
-            if r.returncode != 0:  # busy: detach now, the kernel frees it when unused
-                subprocess.run(["umount", "-l", str(path)], capture_output=True, text=True)
+        left = unmount_all(path)
+        if left is not None:
+            raise StackError(f"could not unmount the filesystem L2: {left}")
         self.journal.remove("mount", str(path))
 
     def _wait_many(self, names: list[str]) -> None:
@@ -531,7 +539,12 @@ class LocalStack(Stack):
 
     def down(self) -> None:
         """Stop every service (reverse dependency order), then make sure no process of any
-        service's group is left; removes ``state.json``."""
+        service's group is left, unmount the filesystem L2; removes ``state.json``.
+
+        Raises:
+            StackError: the filesystem L2 could not be unmounted (its journal entry stays
+                open for ``kvchaos cleanup``); everything else was done.
+        """
         order = [n for wave in reversed(self.spec.start_order()) for n in wave]
         for name in order:
             if name in self._procs:
@@ -541,10 +554,14 @@ class LocalStack(Stack):
                 self._signal_group(p, signal.SIGKILL)
                 self._wait_gone(p, KILL_WAIT_S)
             self.journal.remove("process", f"{p.service}:{p.pid}")
-        self._unmount_l2()
-        if self.state_path.exists():
-            self.state_path.unlink()
-        self.journal.close()
+        try:
+            self._unmount_l2()
+        except StackError as exc:
+            raise StackError(f"stack down left {exc}; {cleanup_hint(self.journal)}") from None
+        finally:
+            if self.state_path.exists():
+                self.state_path.unlink()
+            self.journal.close()
 
     def collect_logs(self, dest_dir: Path) -> list[Path]:
         """Copy ``logs/*.log`` into ``dest_dir``."""

@@ -2,8 +2,9 @@
 
 - a node-exit scenario passes with the LMCache container killed and restarted by the fault,
   and gives the same verdict as under the local backend;
-- after a passing run, a failing run and a run interrupted with SIGINT, no container, network
-  or volume of kvchaos is left.
+- after a passing run, a failing run and a run interrupted with SIGINT (at three moments), no
+  container, network or volume of kvchaos is left, nothing is mounted under the run's folders
+  (the filesystem L2's tmpfs) and no journal entry is left open.
 
 Needs the image kvchaos/reference:latest (scripts/build-image.sh). Under CI (CI=true) a missing
 image is an error, not a skip: the compose backend must really be tested there.
@@ -24,7 +25,7 @@ import pytest
 
 from chaos.history import load_history
 from chaos.stack.compose import image_exists
-from kvchaos_support import communicate_or_dump, default_sigint
+from kvchaos_support import communicate_or_dump, default_sigint, mounts_under, open_journal_entries
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "kvchaos/reference:latest"
@@ -60,6 +61,25 @@ def kvchaos_containers(leftovers, root: Path) -> list[str]:
     return [name for p in sorted(projects) for names in leftovers(p).values() for name in names]
 
 
+def left_behind(leftovers, root: Path) -> dict[str, list[str]]:
+    """What the runs under ``root`` (state in ``root/state``) left: containers, networks and
+    volumes of their compose projects, mounts under ``root`` (the filesystem L2's tmpfs), open
+    journal entries. When anything is left it is then undone (``kvchaos cleanup``, and a lazy
+    unmount of what that left mounted), so a failing test leaves no busy mount in pytest's
+    basetemp; the returned lists say what was found before that."""
+    found = {"containers": kvchaos_containers(leftovers, root), "mounts": mounts_under(root),
+             "journal": open_journal_entries(root / "state")}
+    if any(found.values()):
+        subprocess.run([sys.executable, "-m", "chaos.cli", "cleanup"], capture_output=True, timeout=300,
+                       env=dict(os.environ, KVCHAOS_STATE_DIR=str(root / "state")), cwd=REPO)
+        for point in reversed(mounts_under(root)):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+    return found
+
+
+NOTHING = {"containers": [], "mounts": [], "journal": []}
+
+
 def run(args: list[str], tmp_path: Path, env_extra: dict[str, str] | None = None,
         timeout: float = 600) -> tuple[int, dict]:
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"), **(env_extra or {}))
@@ -80,7 +100,7 @@ def test_node_exit_under_compose_matches_local(image, leftovers, tmp_path):
     kill = [f for f in result["faults"] if f["kind"] == "kill"]
     assert kill and kill[0]["bit"] is True and kill[0]["params"]["service"] == "lmcache"
     assert result["service_exits"] and all(e["killed_by_fault"] for e in result["service_exits"])
-    assert kvchaos_containers(leftovers, tmp_path / "compose") == []
+    assert left_behind(leftovers, tmp_path / "compose") == NOTHING
     # The window: requests keep coming after the kill is in place. With 9 outage requests, under
     # load the docker kill landed after all of them were done (1.4 s into the phase) and the run
     # was inconclusive; with 27, 15 were sent while the kill was being applied (due at 200 ms,
@@ -97,16 +117,55 @@ def test_node_exit_under_compose_matches_local(image, leftovers, tmp_path):
     local_code, local = run(["scenarios/node-exit-lmcache.yaml", "--backend", "local"], tmp_path / "local")
     assert local_code == code, local["out"][-4000:]
     assert local["results"]["node-exit-lmcache"]["verdict"] == result["verdict"]
+    assert (mounts_under(tmp_path / "local"), open_journal_entries(tmp_path / "local" / "state")) == ([], [])
 
 
 def test_failing_run_leaves_nothing(image, leftovers, tmp_path):
     code, got = run(["scenarios/smoke.yaml", "--backend", "compose", "--bug", "hit-plus-one-chunk"], tmp_path)
     assert code == 1, got["out"][-4000:]
     assert got["results"]["smoke"]["verdict"] == "failed"
-    assert kvchaos_containers(leftovers, tmp_path) == []
+    assert left_behind(leftovers, tmp_path) == NOTHING, got["out"][-3000:]
 
 
-def test_sigint_mid_run_leaves_nothing(image, docker, leftovers, tmp_path):
+def _engine_running(docker, root: Path) -> bool:
+    """The engine container of a compose project started under ``root`` runs (another run's
+    engine on a shared host does not count)."""
+    projects = own_projects(root)
+    return any(c.status == "running" and c.labels.get("com.docker.compose.service") == "engine"
+               and c.labels.get("com.docker.compose.project") in projects
+               for c in docker.containers.list(filters={"label": "com.docker.compose.project"}))
+
+
+def _history_ops(root: Path) -> list[dict]:
+    """The records of the run's history so far (a torn last line left out)."""
+    ops = []
+    for h in (root / "reports").glob("node-exit-lmcache*/history.jsonl"):
+        for line in h.read_text(errors="replace").splitlines():
+            try:
+                ops.append(json.loads(line))
+            except ValueError:
+                pass
+    return ops
+
+
+#: When the SIGINT is sent, each an event of the run (not a guess at a delay): the filesystem
+#: L2's tmpfs is mounted (no container yet); the engine's container runs (the stack is still
+#: starting: the LMCache and proxy containers wait on it); the history's first record (the
+#: scenario runs); the kill of LMCache in place (its restart is due 3 s later, from a timer thread).
+MOMENTS = {
+    "l2-mounted": lambda _docker, root: bool(mounts_under(root)),
+    "engine-running": _engine_running,
+    "first-record": lambda _docker, root: bool(_history_ops(root)),
+    "lmcache-killed": lambda _docker, root: any(o.get("f") == "apply" and o.get("type") == "ok"
+                                                for o in _history_ops(root)),
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_sigint_mid_run_leaves_nothing(image, docker, leftovers, tmp_path, moment):
+    """SIGINT at any point of a compose run: no container, no mount under the run's folders (the
+    filesystem L2's tmpfs), no journal entry left open. Input: CI found the l2fs tmpfs of this
+    test's run still mounted hours later (pytest could not remove its basetemp: EBUSY)."""
     env = dict(os.environ, KVCHAOS_STATE_DIR=str(tmp_path / "state"))
     proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", "scenarios/node-exit-lmcache.yaml",
                              "--backend", "compose", "--report-dir", str(tmp_path / "reports")],
@@ -114,18 +173,16 @@ def test_sigint_mid_run_leaves_nothing(image, docker, leftovers, tmp_path):
                             preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not any(
-                c.status == "running" and c.labels.get("com.docker.compose.service") == "engine"
-                for c in docker.containers.list(filters={"label": "com.docker.compose.project"})):
-            time.sleep(1)
-        # The scenario is running once its history has a record (an event, not a guess).
-        while time.monotonic() < deadline and not any(
-                h.stat().st_size for h in (tmp_path / "reports").glob("node-exit-lmcache*/history.jsonl")):
-            time.sleep(0.2)
+        reached = MOMENTS[moment]
+        while time.monotonic() < deadline and proc.poll() is None and not reached(docker, tmp_path):
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the run ended before {moment}"
+        assert reached(docker, tmp_path), f"no {moment} within 300 s"
         proc.send_signal(signal.SIGINT)
         out = communicate_or_dump(proc, 300, env["KVCHAOS_STATE_DIR"])
     finally:
         if proc.poll() is None:
             proc.kill()
+    left = left_behind(leftovers, tmp_path)
     assert proc.returncode not in (0, 1), out[-3000:]
-    assert kvchaos_containers(leftovers, tmp_path) == [], out[-3000:]
+    assert left == NOTHING, out[-3000:]
