@@ -161,7 +161,13 @@ MOMENTS = {
 }
 
 
-@pytest.mark.parametrize("moment", list(MOMENTS))
+#: Two moments in `make test` (before any container; mid-scenario), the other two, repetitions
+#: of the same claim at about 60 s of a compose run each, in `make nightly` (issue "Fast feedback").
+_NIGHTLY_MOMENTS = {"engine-running", "lmcache-killed"}
+
+
+@pytest.mark.parametrize("moment", [pytest.param(m, marks=pytest.mark.nightly) if m in _NIGHTLY_MOMENTS else m
+                                    for m in MOMENTS])
 def test_sigint_mid_run_leaves_nothing(image, docker, leftovers, tmp_path, moment):
     """SIGINT at any point of a compose run: no container, no mount under the run's folders (the
     filesystem L2's tmpfs), no journal entry left open. Input: CI found the l2fs tmpfs of this
