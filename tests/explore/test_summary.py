@@ -38,6 +38,27 @@ def test_outcomes_and_missed_triggers(tmp_path: Path) -> None:
     assert classify(_result("r3", [], path)) == "passed"
 
 
+def test_an_inconclusive_run_that_reached_its_window_is_counted_by_its_undecided_check(tmp_path: Path) -> None:
+    """Input that showed it: `kvchaos explore --stack compose/vllm-cpu.yml --seed 4101` run 2
+    (2026-12-07): evidence passed (the reset acted, both triggers reached) and every other check
+    passed but hit_quality, undecided ("hit: too few samples (1 completed without
+    cached_token_stats; at least 4 needed)"); the run was counted under "(no trigger row: see the
+    run's evidence check)", which names no cause and sends the reader to a check that passed."""
+    summary = ExploreSummary(explore_id="explore-4101-x", folder=tmp_path / "out", stack="s.yml", seed=4101,
+                             bugs=[], budget_s=60, max_runs=1, started_at="now")
+    result = _result("r2", [CheckResult(name="evidence", verdict="passed", summary="faults acted: 1 of 1",
+                                        details={"faults": [{"kind": "reset_peer", "acted": True, "problem": None}],
+                                                 "phases": [{"phase": "hit", "problem": None}]}),
+                            CheckResult(name="hit_quality", verdict="unknown",
+                                        summary="hit: too few samples (1 completed without cached_token_stats; "
+                                                "at least 4 needed)")], tmp_path / "s.yaml")
+    assert classify(result) == "inconclusive"
+    _record(summary, 2, tmp_path / "s.yaml", tmp_path / "r2", result, 1.0, 1.0)
+    assert summary.runs[-1]["missed_triggers"] == ["check hit_quality: undecided"]
+    assert summary.runs[-1]["window_reached"] is True
+    assert summary.as_dict()["inconclusive_by_trigger"] == {"check hit_quality: undecided": 1}
+
+
 def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> None:
     offer = stack_offer(REPO / "compose" / "reference.yml")
     data = generate(offer, 5, 0)
