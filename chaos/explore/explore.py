@@ -43,7 +43,8 @@ from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, m
                                     signature_of)
 from chaos.stack.base import StackError, new_run_id
 
-__all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "write_html"]
+__all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "undecided_checks",
+           "write_html"]
 
 
 @dataclass
@@ -184,6 +185,13 @@ def missed_triggers(result: Any) -> list[str]:
                             if isinstance(c, dict)})
             out.append(f"phase {row.get('phase')}: {', '.join(names) or row.get('problem', '')[:60]}")
     return out
+
+
+def undecided_checks(result: Any) -> list[str]:
+    """The checks other than ``evidence`` that gave ``unknown`` (e.g. hit_quality with too few
+    samples), one key each: ``check hit_quality: undecided``. They make a run inconclusive
+    although it reached every trigger."""
+    return [f"check {c.name}: undecided" for c in result.checks if c.verdict == "unknown" and c.name != "evidence"]
 
 
 def _window_reached(result: Any) -> bool | None:
@@ -472,7 +480,8 @@ def _record(summary: ExploreSummary, index: int, path: Path, run_dir: Path, resu
            "window_reached": _window_reached(result), "missed_triggers": [], "signature": None,
            "seconds": round(seconds, 1), "elapsed_s": round(elapsed, 1), "error": (result.error or "")[:300] or None}
     if outcome == "inconclusive":
-        row["missed_triggers"] = missed_triggers(result) or ["(no trigger row: see the run's evidence check)"]
+        row["missed_triggers"] = (missed_triggers(result) + undecided_checks(result)
+                                  or ["(no trigger row: see the run's evidence check)"])
         summary.inconclusive_by_trigger.update(row["missed_triggers"])
     summary.runs.append(row)
 

@@ -212,11 +212,13 @@ class StackPool:
             # A variable the previous scenario set and this one does not goes back to its default.
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
             interrupts.set_stage("stack restart")
+            # The stack's environment holds the new variables once reconfigure set them, even when
+            # the restart then fails: recorded first, so that the next scenario unsets them.
+            self._variables[key] = variables
             restarted = stack.reconfigure({**unset, **variables}, restart=[engine] if engine else None)
             why = [f"stack variables {changed or unset}"] if changed or unset else []
             why += ["the previous scenario served wrong outputs"] if engine else []
             say(f"{' and '.join(why)}: restarted {', '.join(restarted) or 'nothing'}")
-            self._variables[key] = variables
         if key in self._used:
             say("resetting the stack")
             interrupts.set_stage("stack reset")

@@ -368,6 +368,27 @@ class Stack(abc.ABC):
                 found.append(f"port {port} ({var}) is held by " + ", ".join(o.describe() for o in foreign))
         return found
 
+    def lost_binds(self, name: str) -> list[str]:
+        """Why service ``name``, which exited before it was healthy, may not have been able to
+        bind its ports: :meth:`foreign_listeners`, and for each port it names that nothing
+        listens on, the connections that hold it as their source port
+        (chaos/stack/probe.py :func:`source_port_users`): ``["port 38080 (LMCACHE_HTTP_PORT) is
+        the source port of pid 123 (...) (127.0.0.1:38080 -> 127.0.0.1:35556 (ESTABLISHED))"]``.
+        Either makes the exit a lost bind, not the service's own crash. [] where the backend
+        cannot tell its own processes."""
+        from chaos.stack.probe import source_port_users
+
+        found = self.foreign_listeners(name)
+        if self.own_pids() is None:
+            return found
+        mine = self.service_pids(name) or set()
+        for port, var in sorted(self.service_ports(name).items()):
+            users = [u for u in source_port_users(port) if u.pid not in mine]
+            if users:
+                found.append(f"port {port} ({var}) is the source port of a connection of "
+                             + ", ".join(f"{u.describe()} ({u.address})" for u in users))
+        return found
+
     def check_identity(self, name: str, url: str) -> None:
         """After a health probe of ``url`` passed: the socket listening on its port must belong
         to service ``name``'s own processes (:meth:`service_pids`); else another process

@@ -591,6 +591,12 @@ class ComposeStack(Stack):
             return []
         return super().foreign_listeners(name)
 
+    def lost_binds(self, name: str) -> list[str]:
+        """As :meth:`Stack.lost_binds`, for ``network_mode: host`` services only."""
+        if self.spec.services[name].network_mode != "host":
+            return []
+        return super().lost_binds(name)
+
     @staticmethod
     def _run_key(c: Container) -> tuple[str, str]:
         return c.id, c.attrs.get("State", {}).get("StartedAt", "")
@@ -770,7 +776,7 @@ class ComposeStack(Stack):
         c.reload()
         state = c.attrs.get("State", {})
         if state.get("Status") in ("exited", "dead") or (not state.get("Running") and state.get("Status") != "created"):
-            lost = self.foreign_listeners(service)
+            lost = self.lost_binds(service)
             why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
             raise StackError(f"service {service!r} exited (code {state.get('ExitCode')}) before it became healthy{why}",
                              service, self._log_tail(service), exited=not lost)

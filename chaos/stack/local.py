@@ -368,7 +368,7 @@ class LocalStack(Stack):
         proc = self._procs.get(name)
         if proc is None or not proc.alive():
             rc = proc.returncode if proc else None
-            lost = self.foreign_listeners(name)
+            lost = self.lost_binds(name)
             why = f"; {'; '.join(lost)} (a lost bind)" if lost else ""
             raise StackError(f"service {name!r} exited (code {rc}) before it became healthy{why}", name,
                              log_tail(self.log_dir / f"{name}.log"), exited=proc is not None and not lost)

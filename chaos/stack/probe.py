@@ -107,6 +107,36 @@ def listeners(port: int) -> list[Listener]:
     return out
 
 
+def source_port_users(port: int) -> list[Listener]:
+    """Every TCP connection whose own (local) port is ``port`` and that a process holds, while
+    nothing listens on ``port``: a client socket that took ``port`` as its source port (the
+    kernel gives source ports from the ephemeral range, /proc/sys/net/ipv4/ip_local_port_range,
+    which a stack's default ports may lie in). A later ``bind`` of ``port`` fails with
+    EADDRINUSE even under SO_REUSEADDR, so a service that starts on it exits. ``address`` is
+    ``local -> remote (state)``. Sockets in TIME_WAIT (they do not block SO_REUSEADDR) and those
+    of a port something listens on (its accepted connections) are left out.
+    """
+    out: list[Listener] = []
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return out
+    on_port = [c for c in conns if c.laddr and c.laddr.port == port]
+    if any(c.status == psutil.CONN_LISTEN for c in on_port):
+        return out
+    for c in on_port:
+        if c.pid is None or c.status in (psutil.CONN_TIME_WAIT, psutil.CONN_CLOSE, psutil.CONN_NONE):
+            continue
+        cmd = ""
+        try:
+            cmd = " ".join(psutil.Process(c.pid).cmdline())[:200]
+        except psutil.Error:
+            pass
+        remote = f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else "?"
+        out.append(Listener(c.pid, f"{c.laddr.ip}:{c.laddr.port} -> {remote} ({c.status})", cmd))
+    return out
+
+
 def group_pids(pgid: int) -> set[int]:
     """The live pids of process group ``pgid`` (a LocalStack service and its children)."""
     pids = set()

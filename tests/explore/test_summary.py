@@ -38,6 +38,27 @@ def test_outcomes_and_missed_triggers(tmp_path: Path) -> None:
     assert classify(_result("r3", [], path)) == "passed"
 
 
+def test_an_inconclusive_run_that_reached_its_window_is_counted_by_its_undecided_check(tmp_path: Path) -> None:
+    """Input that showed it: `kvchaos explore --stack compose/vllm-cpu.yml --seed 4101` run 2
+    (2026-12-07): evidence passed (the reset acted, both triggers reached) and every other check
+    passed but hit_quality, undecided ("hit: too few samples (1 completed without
+    cached_token_stats; at least 4 needed)"); the run was counted under "(no trigger row: see the
+    run's evidence check)", which names no cause and sends the reader to a check that passed."""
+    summary = ExploreSummary(explore_id="explore-4101-x", folder=tmp_path / "out", stack="s.yml", seed=4101,
+                             bugs=[], budget_s=60, max_runs=1, started_at="now")
+    result = _result("r2", [CheckResult(name="evidence", verdict="passed", summary="faults acted: 1 of 1",
+                                        details={"faults": [{"kind": "reset_peer", "acted": True, "problem": None}],
+                                                 "phases": [{"phase": "hit", "problem": None}]}),
+                            CheckResult(name="hit_quality", verdict="unknown",
+                                        summary="hit: too few samples (1 completed without cached_token_stats; "
+                                                "at least 4 needed)")], tmp_path / "s.yaml")
+    assert classify(result) == "inconclusive"
+    _record(summary, 2, tmp_path / "s.yaml", tmp_path / "r2", result, 1.0, 1.0)
+    assert summary.runs[-1]["missed_triggers"] == ["check hit_quality: undecided"]
+    assert summary.runs[-1]["window_reached"] is True
+    assert summary.as_dict()["inconclusive_by_trigger"] == {"check hit_quality: undecided": 1}
+
+
 def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> None:
     offer = stack_offer(REPO / "compose" / "reference.yml")
     data = generate(offer, 5, 0)
@@ -152,3 +173,55 @@ def test_a_known_leak_beside_other_faults_is_reported_known(tmp_path: Path) -> N
         assert entry is not None
         assert entry["signature"] == "checks=leaks | diagnosis=- | faults=latency+preempt+tier_flush"
         assert entry["known"] == ("slow-l2-read-lock-leak" if i == 0 else None)
+
+
+def test_an_end_session_drop_of_the_vllm_stack_beside_a_reset_is_reported_known(tmp_path: Path) -> None:
+    """Input that showed it: `kvchaos explore --stack compose/vllm-cpu.yml --jobs 1 --seed 4101`
+    (clean vLLM stack, 2026-12-07) run 1 (scenario 1: a 3000 ms downstream latency and a
+    reset_peer, both on engine-lmcache) failed `leaks` (lmcache.active_sessions=5): the heartbeat's
+    PING answered too late, LMCache's adapter in vLLM logged "LMCache server is unhealthy —
+    entering degraded mode" and dropped the END_SESSION of the requests that finished before it
+    saw the server healthy again, lookup-timeout's mechanism on vllm-cpu. Its shrink kept both
+    fault kinds and explore reported `checks=leaks | diagnosis=- | faults=latency+reset_peer` as
+    new. lookup-timeout's log mark, logged during the run, makes it known; without the mark (or
+    with it only from the run before on the same stack) it stays new."""
+    from chaos.explore.explore import _sign
+    from chaos.explore.signature import known_findings
+
+    offer = stack_offer(REPO / "compose" / "vllm-cpu.yml")
+    data = generate(offer, 4101, 1)
+    assert sorted({f["kind"] for p in data["phases"] for f in p.get("faults", [])}) == ["latency", "reset_peer"]
+    path = write_scenario(data, tmp_path / "scenarios")
+    scenario = check_scenario(path).scenario
+    summary = ExploreSummary(explore_id="explore-4101-x", folder=tmp_path / "out", stack=str(offer.path), seed=4101,
+                             bugs=[], budget_s=60, max_runs=3, started_at="now")
+    opts = ExploreOptions(seed=4101, shrink_budget_s=0, known=known_findings([REPO / "scenarios"]))
+    (tmp_path / "out" / "findings").mkdir(parents=True)
+    unhealthy = ("\x1b[33;20m[{t}] LMCache WARNING:\x1b[0m LMCache server is unhealthy — entering degraded mode "
+                 "\x1b[3m(vllm_multi_process_adapter.py:614:lmcache.integration.vllm.vllm_multi_process_adapter)\x1b[0m")
+    healthy = ("\x1b[33;20m[{t}] LMCache WARNING:\x1b[0m LMCache server is healthy again — resuming normal "
+               "operation \x1b[3m(vllm_multi_process_adapter.py:608:lmcache.integration.vllm.vllm_multi_process_adapter)\x1b[0m")
+    ok = 'INFO:     127.0.0.1:52508 - "POST /v1/completions HTTP/1.1" 200 OK'
+    for i, (started, lines, known) in enumerate([
+            ("2026-12-07T01:06:38", [unhealthy.format(t="2026-12-07 01:06:42,361"), ok,
+                                     healthy.format(t="2026-12-07 01:06:45,249")], "lookup-timeout"),
+            # the adapter never held the server unhealthy: not this mechanism
+            ("2026-12-07T01:06:38", [ok], None),
+            # the mark only from the run before on the same stack
+            ("2026-12-07T01:20:00", [unhealthy.format(t="2026-12-07 01:06:42,361"), ok,
+                                     healthy.format(t="2026-12-07 01:06:45,249"),
+                                     "[2026-12-07 01:20:03,000] LMCache INFO: Engine KV Format"], None)]):
+        run_dir = tmp_path / "runs" / f"r{i}"
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "engine.log").write_text("\n".join(lines) + "\n")
+        result = build_result(run_id=f"r{i}", scenario="explore-4101-1", history=[], scenario_path=str(path),
+                              started_at=started,
+                              checks=[CheckResult(name="leaks", verdict="failed", summary="active_sessions=5")])
+        _record(summary, i, path, run_dir, result, 1.0, 10.0)
+        summary.signatures.clear()
+        entry = _sign(summary, opts, i, run_dir, result, summary.runs[-1], "", scenario, {"done": False},
+                      tmp_path / "pending.yaml", (("leaks",), "", ()), {}, tmp_path / "out" / "findings", 0.0,
+                      lambda _m: None, {})
+        assert entry is not None
+        assert entry["signature"] == "checks=leaks | diagnosis=- | faults=latency+reset_peer"
+        assert entry["known"] == known

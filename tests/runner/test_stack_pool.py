@@ -174,3 +174,31 @@ def test_after_wrong_outputs_the_next_scenario_gets_the_engine_restarted_and_the
         assert pool.acquire(stack_file) is stack and pids(stack) == second
     finally:
         pool.close()
+
+
+def test_a_variable_whose_restart_failed_is_unset_for_the_next_scenario(tmp_path):
+    """Input that showed it: `kvchaos explore --stack compose/vllm-cpu.yml --seed 4101` (2026-12-07):
+    run 11 set ENGINE_NUM_BLOCKS=133, vLLM refused it at start-up (the KV pool held 2080 tokens,
+    the max model length asked 2096) and the run was an infrastructure error, right; run 12 set no
+    variable, yet its restart started vLLM with ENGINE_NUM_BLOCKS=133 again and failed the same
+    way: the pool had not recorded the variable, whose restart raised, so it never unset it."""
+    stack_file = tmp_path / "stack.yml"
+    stack_file.write_text(textwrap.dedent("""
+        services:
+          web:
+            command: [python, -c, "import sys, http.server; '${BAD:-}' and sys.exit(3); http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port=${WEB_PORT:-0}, bind='127.0.0.1')"]
+            healthcheck:
+              test: [CMD, kvchaos, probe, "http://127.0.0.1:${WEB_PORT:-0}/"]
+              interval: 100ms
+              retries: 100
+    """))
+    pool = StackPool("local", tmp_path / "stacks")
+    try:
+        assert pool.acquire(stack_file).status()["web"].state == "running"
+        with pytest.raises(StackError, match="exited"):
+            pool.acquire(stack_file, {"BAD": "1"})
+        stack = pool.acquire(stack_file)  # no variable: the default again
+        assert stack.status()["web"].state == "running"
+        assert stack.env.get("BAD", "") == ""
+    finally:
+        pool.close()

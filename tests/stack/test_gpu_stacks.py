@@ -111,23 +111,28 @@ def test_reference_stack_runs_the_whole_catalogue() -> None:
     assert code == 0 and all(r["runnable"] for r in rows.values())
 
 
+def _engine_argv(stack: Path, program: str, tmp_path: Path, **variables: str) -> list[str]:
+    """The engine's argv of ``stack`` with ``variables``, run through its `sh -c` with a
+    ``program`` on PATH that prints its arguments, one a line."""
+    fake = tmp_path / "bin" / program
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n")
+    fake.chmod(0o755)
+    spec = load_stack(stack, environ={**os.environ, **variables}, run_dir=tmp_path, require_commands=False,
+                      allocate_ports=False)
+    svc = spec.services["engine"]
+    env = {**os.environ, **svc.env(), "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    out = subprocess.run(svc.argv("compose"), env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
 def test_vllm_engine_command_passes_the_kv_pool_only_when_set(tmp_path: Path) -> None:
     """The engine's argv, run through its `sh -c` with a `vllm` that prints its arguments:
     ENGINE_NUM_BLOCKS becomes --num-gpu-blocks-override; unset, no override; the prefix cache
     follows engine.prefix_caching."""
-    fake = tmp_path / "bin" / "vllm"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n")
-    fake.chmod(0o755)
-
     def argv_with(**variables: str) -> list[str]:
-        spec = load_stack(VLLM, environ={**os.environ, **variables}, run_dir=tmp_path,
-                          require_commands=False, allocate_ports=False)
-        svc = spec.services["engine"]
-        env = {**os.environ, **svc.env(), "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-        out = subprocess.run(svc.argv("compose"), env=env, capture_output=True, text=True, timeout=30)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.splitlines()
+        return _engine_argv(VLLM, "vllm", tmp_path, **variables)
 
     small = argv_with(ENGINE_NUM_BLOCKS="110")
     assert small[0] == "serve" and small[-2:] == ["--num-gpu-blocks-override", "110"]
@@ -136,6 +141,20 @@ def test_vllm_engine_command_passes_the_kv_pool_only_when_set(tmp_path: Path) ->
     assert "--num-gpu-blocks-override" not in default
     assert json.loads(default[default.index("--kv-transfer-config") + 1])["kv_connector"] == "LMCacheMPConnector"
     assert "--enable-prefix-caching" in argv_with(KVCHAOS_ENGINE_PREFIX_CACHING="--enable-prefix-caching")
+
+
+def test_the_cpu_vllm_engine_asks_for_a_model_length_its_pool_holds(tmp_path: Path) -> None:
+    """Input that showed it: `kvchaos explore --stack compose/vllm-cpu.yml --seed 4101` run 11
+    (2026-12-07) drew ENGINE_NUM_BLOCKS=133 (16-token blocks): the engine got
+    --num-gpu-blocks-override 66 (32-token blocks) and --max-model-len 2096, and vLLM refused to
+    start ("To serve at least one request with the model's max seq len (2096) ... the estimated
+    maximum model length is 2080": 65 blocks, one of the 66 is vLLM's null block). The model
+    length must fit (blocks - 1) x 32 tokens for odd counts too; for even ones it is unchanged."""
+    for n, blocks, length in ((133, 66, 2080), (110, 55, 1728)):
+        argv = _engine_argv(REPO / "compose" / "vllm-cpu.yml", "kvchaos", tmp_path, ENGINE_NUM_BLOCKS=str(n))
+        assert argv[argv.index("--num-gpu-blocks-override") + 1] == str(blocks)
+        lengths = [int(argv[i + 1]) for i, a in enumerate(argv) if a == "--max-model-len"]
+        assert lengths[-1] == length <= (blocks - 1) * 32, (n, lengths)  # the last one given wins
 
 
 def test_the_gpu_vllm_stack_carries_what_the_cpu_vllm_stack_established(tmp_path: Path) -> None:

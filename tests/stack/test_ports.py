@@ -21,7 +21,7 @@ from chaos.stack import ports
 from chaos.stack.base import StackError
 from chaos.stack.spec import free_port, load_stack, port_is_free
 from chaos.stack.local import LocalStack
-from kvchaos_support import local_stack
+from kvchaos_support import local_stack, started
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "compose" / "reference.yml"
@@ -164,6 +164,49 @@ def test_a_lost_bind_names_the_service_the_port_and_the_other_process(tmp_path, 
     assert r.returncode == 3, out
     assert "'web'" in out and str(port) in out and f"pid {pid}" in out, out
     assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"  # the impostor is untouched
+
+
+def test_a_restart_that_finds_its_port_taken_as_a_source_port_is_a_lost_bind(tmp_path):
+    """Input that showed it: `kvchaos explore --stack compose/vllm-cpu.yml --seed 4101` run 4
+    (2026-12-07): LMCache SIGKILLed and started again 1 s later; both restarts logged "[Errno 98]
+    error while attempting to bind on address ('127.0.0.1', 38080): address already in use" and
+    exited (code 3), with nothing listening on 38080, and the stack took that for LMCache crashing
+    at start-up (liveness failed: "service lmcache exited (returncode 3) ... and no fault killed
+    it"). A connection whose source port is the service's port (vllm-cpu.yml's defaults lie in
+    the kernel's ephemeral range) blocks the bind just as a listener does: a lost bind, not the
+    service's exit."""
+    text = textwrap.dedent("""
+        services:
+          web:
+            command: [python, -m, http.server, "${WEB_PORT:-0}", --bind, 127.0.0.1]
+            healthcheck:
+              test: [CMD, kvchaos, probe, "tcp://127.0.0.1:${WEB_PORT:-0}"]
+              interval: 100ms
+              retries: 100
+    """)
+    with started(local_stack(tmp_path, text)) as stack:
+        port = int(stack.env["WEB_PORT"])
+        stack.kill("web", "SIGKILL")
+        stack.stop("web")
+        with socket.socket() as server, socket.socket() as client:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            deadline = time.monotonic() + 10
+            while True:  # a probe's connection may linger a moment in the kernel
+                try:
+                    client.bind(("127.0.0.1", port))  # as a client's source port: no SO_REUSEADDR
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            client.connect(server.getsockname())
+            with pytest.raises(StackError) as err:
+                stack.start("web", wait=True)
+        msg = str(err.value)
+        assert err.value.exited is False, msg
+        assert f"port {port} (WEB_PORT) is the source port of a connection of pid {os.getpid()}" in msg, msg
+        assert "(a lost bind)" in msg, msg
 
 
 SERVE_ARGV1 = ("import http.server, sys; http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, "
