@@ -131,6 +131,27 @@ def test_one_planted_bug_two_runs_one_signature(tmp_path: Path) -> None:
     assert sig["faults_irrelevant"] == "control" and sig["attributed_to_bug"] is True
 
 
+def _sign_leak(tmp_path: Path, summary, opts, scenario, path: Path, i: int, started: str, log_name: str,
+               lines: list[str], scenario_name: str, leak: str) -> dict:
+    """Run ``i`` of an exploration recorded and signed: its ``logs/<log_name>`` holds ``lines``,
+    it started at ``started`` and failed ``leaks`` with ``leak``; the signature entry ``_sign``
+    gives (the summary's signatures cleared first, so each run is signed afresh)."""
+    from chaos.explore.explore import _sign
+
+    run_dir = tmp_path / "runs" / f"r{i}"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / log_name).write_text("\n".join(lines) + "\n")
+    result = build_result(run_id=f"r{i}", scenario=scenario_name, history=[], scenario_path=str(path),
+                          started_at=started, checks=[CheckResult(name="leaks", verdict="failed", summary=leak)])
+    _record(summary, i, path, run_dir, result, 1.0, 10.0)
+    summary.signatures.clear()
+    entry = _sign(summary, opts, i, run_dir, result, summary.runs[-1], "", scenario, {"done": False},
+                  tmp_path / "pending.yaml", (("leaks",), "", ()), {}, tmp_path / "out" / "findings", 0.0,
+                  lambda _m: None, {})
+    assert entry is not None
+    return entry
+
+
 def test_a_known_leak_beside_other_faults_is_reported_known(tmp_path: Path) -> None:
     """Input that showed it: `kvchaos explore --stack compose/reference.yml --jobs 2 --seed 3306`
     (clean stack, 2026-12-06) run 5 (scenario 5: an L1 flush, two preemptions and a 1500 ms
@@ -139,7 +160,6 @@ def test_a_known_leak_beside_other_faults_is_reported_known(tmp_path: Path) -> N
     kept all three fault kinds, and explore reported `checks=leaks | diagnosis=- |
     faults=latency+preempt+tier_flush` as new, though it is slow-l2-read-lock-leak. That finding's
     log mark, logged during the run (not by the run before it on the same stack), makes it known."""
-    from chaos.explore.explore import _sign
     from chaos.explore.signature import known_findings
 
     offer = stack_offer(REPO / "compose" / "reference.yml")
@@ -159,18 +179,8 @@ def test_a_known_leak_beside_other_faults_is_reported_known(tmp_path: Path) -> N
             # a run whose log holds the mark only from the run before on the same stack
             ("2026-12-06T18:30:00", [mark.format(t="18:27:59,326", r="fault-2-2-1"),
                                      "[2026-12-06 18:30:05,000] LMCache INFO: Stored 512 tokens"])]):
-        run_dir = tmp_path / "runs" / f"r{i}"
-        (run_dir / "logs").mkdir(parents=True)
-        (run_dir / "logs" / "lmcache.log").write_text("\n".join(lines) + "\n")
-        result = build_result(run_id=f"r{i}", scenario="explore-3306-5", history=[], scenario_path=str(path),
-                              started_at=started,
-                              checks=[CheckResult(name="leaks", verdict="failed", summary="read_locked_count=6")])
-        _record(summary, i, path, run_dir, result, 1.0, 10.0)
-        summary.signatures.clear()
-        entry = _sign(summary, opts, i, run_dir, result, summary.runs[-1], "", scenario, {"done": False},
-                      tmp_path / "pending.yaml", (("leaks",), "", ()), {}, tmp_path / "out" / "findings", 0.0,
-                      lambda _m: None, {})
-        assert entry is not None
+        entry = _sign_leak(tmp_path, summary, opts, scenario, path, i, started, "lmcache.log", lines,
+                           "explore-3306-5", "read_locked_count=6")
         assert entry["signature"] == "checks=leaks | diagnosis=- | faults=latency+preempt+tier_flush"
         assert entry["known"] == ("slow-l2-read-lock-leak" if i == 0 else None)
 
@@ -185,7 +195,6 @@ def test_an_end_session_drop_of_the_vllm_stack_beside_a_reset_is_reported_known(
     fault kinds and explore reported `checks=leaks | diagnosis=- | faults=latency+reset_peer` as
     new. lookup-timeout's log mark, logged during the run, makes it known; without the mark (or
     with it only from the run before on the same stack) it stays new."""
-    from chaos.explore.explore import _sign
     from chaos.explore.signature import known_findings
 
     offer = stack_offer(REPO / "compose" / "vllm-cpu.yml")
@@ -211,17 +220,7 @@ def test_an_end_session_drop_of_the_vllm_stack_beside_a_reset_is_reported_known(
             ("2026-12-07T01:20:00", [unhealthy.format(t="2026-12-07 01:06:42,361"), ok,
                                      healthy.format(t="2026-12-07 01:06:45,249"),
                                      "[2026-12-07 01:20:03,000] LMCache INFO: Engine KV Format"], None)]):
-        run_dir = tmp_path / "runs" / f"r{i}"
-        (run_dir / "logs").mkdir(parents=True)
-        (run_dir / "logs" / "engine.log").write_text("\n".join(lines) + "\n")
-        result = build_result(run_id=f"r{i}", scenario="explore-4101-1", history=[], scenario_path=str(path),
-                              started_at=started,
-                              checks=[CheckResult(name="leaks", verdict="failed", summary="active_sessions=5")])
-        _record(summary, i, path, run_dir, result, 1.0, 10.0)
-        summary.signatures.clear()
-        entry = _sign(summary, opts, i, run_dir, result, summary.runs[-1], "", scenario, {"done": False},
-                      tmp_path / "pending.yaml", (("leaks",), "", ()), {}, tmp_path / "out" / "findings", 0.0,
-                      lambda _m: None, {})
-        assert entry is not None
+        entry = _sign_leak(tmp_path, summary, opts, scenario, path, i, started, "engine.log", lines,
+                           "explore-4101-1", "active_sessions=5")
         assert entry["signature"] == "checks=leaks | diagnosis=- | faults=latency+reset_peer"
         assert entry["known"] == known
