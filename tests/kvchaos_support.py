@@ -42,6 +42,7 @@ from chaos.journal import Journal, open_entries
 from chaos.proxy.server import ProxyServer
 from chaos.scenario.model import Scenario
 from chaos.stack.local import LocalStack
+from chaos.stack.mounts import mounts_under  # noqa: F401  (re-exported for the tests)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting the L2 tmpfs needs root")
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
@@ -68,22 +69,6 @@ x-kvchaos:
   lmcache_http: http://127.0.0.1:${LMCACHE_HTTP_PORT:-0}
   l2_fs_path: ${KVCHAOS_RUN_DIR}/l2fs
 """
-
-
-def mounts_under(root: str | Path) -> list[str]:
-    """Mount points at or under ``root`` in this mount namespace (``/proc/self/mounts``, octal
-    escapes decoded), one per mount: a tmpfs mounted twice on one path is listed twice."""
-    base = os.path.realpath(root)
-    found = []
-    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 2:
-                continue
-            point = fields[1].encode("utf-8", "surrogateescape").decode("unicode_escape")
-            if point == base or point.startswith(base.rstrip("/") + "/"):
-                found.append(point)
-    return found
 
 
 def open_journal_entries(state_dir: str | Path) -> list[str]:

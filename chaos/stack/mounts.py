@@ -16,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["mounts_at", "unmount_all"]
+__all__ = ["mounts_at", "mounts_under", "unmount_all"]
 
 
 def _decode(field: str) -> str:
@@ -32,16 +32,37 @@ def _decode(field: str) -> str:
     return "".join(out)
 
 
+def _mount_points() -> list[str]:
+    """Every mount point of ``/proc/self/mounts`` (this process's mount namespace), decoded, one
+    per mount (a path mounted twice is listed twice).
+
+    Raises:
+        OSError: the table cannot be read.
+    """
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        return [_decode(parts[1]) for line in f if len(parts := line.split()) > 1]
+
+
 def mounts_at(path: str | Path) -> int:
     """How many mounts ``/proc/self/mounts`` lists at ``path`` (symlinks resolved): 0 when none,
     2 when a second mount was stacked on the first."""
     target = os.path.realpath(path)
     try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
+        points = _mount_points()
     except OSError:
         return 1 if os.path.ismount(target) else 0
-    return sum(1 for line in lines if len(parts := line.split()) > 1 and _decode(parts[1]) == target)
+    return points.count(target)
+
+
+def mounts_under(root: str | Path) -> list[str]:
+    """The mount points at or under ``root`` (symlinks resolved), one per mount, in mount order:
+    what a run left mounted in its folders.
+
+    Raises:
+        OSError: ``/proc/self/mounts`` cannot be read.
+    """
+    base = os.path.realpath(root)
+    return [p for p in _mount_points() if p == base or p.startswith(base.rstrip("/") + "/")]
 
 
 def unmount_all(path: str | Path) -> str | None:

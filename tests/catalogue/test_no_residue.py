@@ -23,6 +23,7 @@ from chaos.proxy.client import ToxiproxyClient
 from chaos.runner.run import run_scenario
 from chaos.runner.stacks import StackPool
 from chaos.runner.suite import load_and_validate
+from chaos.stack.mounts import mounts_under
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "compose" / "reference.yml"
@@ -74,12 +75,6 @@ def _same_process_alive(pid: int, ident: dict) -> bool:
         return False
 
 
-def _mounts_under(root: Path) -> list[str]:
-    root_s = str(root.resolve())
-    lines = Path("/proc/mounts").read_text().splitlines()
-    return [ln.split()[1] for ln in lines if ln.split()[1].startswith(root_s)]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the disk_full fault needs the stack's tmpfs (root)")
 def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -107,7 +102,7 @@ def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
                 assert proxy.toxics(name) == [], f"toxics left on {name}"
         l2 = Path(settings.l2_fs_path)
         assert not list(l2.glob("kvchaos-ballast-*")), "disk_full ballast left in the L2 folder"
-        assert _mounts_under(l2) == [str(l2.resolve())], "only the stack's own L2 tmpfs is mounted"
+        assert mounts_under(l2) == [str(l2.resolve())], "only the stack's own L2 tmpfs is mounted"
         for name, st in stack.status().items():
             assert st.state == "running", f"{name} is {st.state}"
             for proc in _tree(st.pid):
@@ -118,7 +113,7 @@ def test_one_fault_of_each_family_leaves_nothing_behind(tmp_path: Path) -> None:
         pool.close()
 
     # The stack is down: no mount, no process, no journal entry of anything.
-    assert _mounts_under(tmp_path) == []
+    assert mounts_under(tmp_path) == []
     alive = [p for p, created in pids if _same_process_alive(p, created)]
     assert alive == [], f"processes of the stack still running: {alive}"
     # This run's entries only: under xdist (`make test -n 3`) other tests' stacks journal into the
