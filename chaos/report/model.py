@@ -178,6 +178,8 @@ class SuiteEntry(BaseModel):
 class SuiteResult(BaseModel):
     """suite.json: several scenario runs.
 
+    verdict: the worst run's, where a run that failed as its scenario expects (XFAIL, exit 0)
+    counts as passed (each entry in ``runs`` keeps its own verdict and ``xfail`` outcome).
     exit_code: the worst run's (1 if any failed, else 3 if any infra error, else 4 if any
     inconclusive, else 5 if any passed with a window not proven, else 0); 130/143 when a signal
     stopped the suite (``interrupted``).
