@@ -403,6 +403,20 @@ def as_interrupt(exc: BaseException) -> RunInterrupted:
     return out
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` makes this process print every thread's Python stack to stderr
+    (faulthandler, which writes from the C signal handler, so it answers even when the main
+    thread is stuck); the run goes on. For a run that seems hung: where it waits, in one signal.
+    A SIGUSR1 handler someone else installed is kept. A fatal signal (SIGSEGV, SIGABRT, ...)
+    prints the stacks too (faulthandler.enable) before the process dies."""
+    import faulthandler
+    import signal
+
+    faulthandler.enable(all_threads=True)
+    if signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def script_exit(main: Callable[[], int], name: str) -> None:
     """A script's entry (benchmarks/): ``main()`` inside :func:`handling`, so a SIGINT or SIGTERM
     unwinds its ``finally`` blocks (stacks stopped, faults healed); raises SystemExit with

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from chaos.httppool import ssl_context
 from chaos.history import Op
 from chaos.interrupts import run_async  # a signal cancels the questions in flight
 from chaos.workload.client import SAMPLING, CompletionClient, CompletionRequest
@@ -59,10 +60,10 @@ def engine_fingerprint(base_url: str, timeout_s: float = 10.0) -> str:
     """
     base = base_url.rstrip("/")
     try:
-        r = httpx.get(f"{base}/debug/state", timeout=timeout_s)
+        r = httpx.get(f"{base}/debug/state", timeout=timeout_s, verify=ssl_context())
         if r.status_code == 200 and r.json().get("fingerprint"):
             return str(r.json()["fingerprint"])
-        r = httpx.get(f"{base}/v1/models", timeout=timeout_s)
+        r = httpx.get(f"{base}/v1/models", timeout=timeout_s, verify=ssl_context())
         r.raise_for_status()
         data = r.json()["data"][0]
         return "model-" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.httppool import pool_limits
+from chaos.httppool import pool_limits, ssl_context
 from chaos.prometheus import text_samples
 
 __all__ = ["Condition", "Trigger", "Triggered", "TriggerSpec", "trigger_field", "reason_field", "NO_TRIGGER", "conditions_of", "check_no_trigger_reason", "TriggerWatch", "ProbeError", "ROLES", "resolve_service",
@@ -590,7 +590,7 @@ class TriggerWatch:
         have = stack_capabilities(stack) if capabilities is None else capabilities
         self.probes = [_Probe(c, stack, c.applies(have)) for c in conditions]
         self.every_s = every_s
-        self._client = httpx.Client(limits=pool_limits())
+        self._client = httpx.Client(limits=pool_limits(), verify=ssl_context())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

@@ -29,6 +29,7 @@ from chaos.duration import PositiveDuration
 from chaos.faults.base import DefaultTrigger, Fault, FaultContext, FaultParams
 from chaos.faults.kill import require_stack
 from chaos.faults.registry import register
+from chaos.httppool import ssl_context
 from chaos.probes import LogCursor, ProbeError
 
 __all__ = ["StallParams", "Stall", "STALL_POINTS", "stall_line", "arm_stall", "clear_stall"]
@@ -55,7 +56,7 @@ def arm_stall(engine_url: str, point: str, seconds: float, count: int, *, timeou
     Raises:
         httpx.HTTPError: the engine did not answer or refused (an engine without the hook: 404).
     """
-    r = httpx.post(f"{engine_url.rstrip('/')}/hooks/stall", timeout=timeout_s,
+    r = httpx.post(f"{engine_url.rstrip('/')}/hooks/stall", timeout=timeout_s, verify=ssl_context(),
                    json={"point": point, "seconds": seconds, "count": count})
     r.raise_for_status()
     return r.json()
@@ -70,7 +71,7 @@ def clear_stall(engine_url: str, point: str) -> int | str:
         the HTTP status, or the error in words.
     """
     try:
-        return httpx.post(f"{engine_url.rstrip('/')}/hooks/stall", timeout=10,
+        return httpx.post(f"{engine_url.rstrip('/')}/hooks/stall", timeout=10, verify=ssl_context(),
                           json={"point": point, "seconds": 0, "count": 1}).status_code
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"

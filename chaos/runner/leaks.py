@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from chaos.checks.snapshots import LeakError, LeakSample
-from chaos.httppool import pool_limits
+from chaos.httppool import pool_limits, ssl_context
 from chaos.prometheus import sum_selectors
 from chaos.stack.spec import LeakSource
 
@@ -73,7 +73,7 @@ def read_baselines(sources: list[LeakSource], timeout_s: float = 5.0) -> dict[st
         to None (the leaks check then cannot decide on it and says so).
     """
     out: dict[str, dict[str, float | None]] = {}
-    with httpx.Client(timeout=timeout_s, limits=pool_limits()) as client:
+    with httpx.Client(timeout=timeout_s, limits=pool_limits(), verify=ssl_context()) as client:
         for src in sources:
             if src.baseline != "before_faults":
                 continue
@@ -127,7 +127,7 @@ def poll_until_quiet(sources: list[LeakSource], quiesce_s: float, poll_interval_
     errors: list[LeakError] = []
     baselines = baselines or {}
     t0 = time.monotonic()
-    with httpx.Client(timeout=timeout_s, limits=pool_limits()) as client:
+    with httpx.Client(timeout=timeout_s, limits=pool_limits(), verify=ssl_context()) as client:
         while True:
             quiet = True
             for src in sources:
@@ -159,7 +159,7 @@ def leftover_state(stack: object) -> dict[str, float]:
         ``{"<source>.<field>": value}`` for every non-zero or unreadable field; empty when clean.
     """
     left: dict[str, float] = {}
-    with httpx.Client(timeout=5.0) as client:
+    with httpx.Client(timeout=5.0, verify=ssl_context()) as client:
         for source in stack.spec.settings.leak_sources:  # type: ignore[attr-defined]
             try:
                 values = read_source(source, client)

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from chaos import interrupts
+from chaos.httppool import ssl_context
 from chaos.stack.base import Stack, StackError, new_run_id
 from chaos.yamlsource import ConfigError
 
@@ -83,7 +84,7 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
 
     s = stack.settings
     try:
-        with httpx.Client(timeout=10) as http:
+        with httpx.Client(timeout=10, verify=ssl_context()) as http:
             if s.proxy is not None:
                 from chaos.proxy.client import ToxiproxyClient
 
@@ -125,6 +126,58 @@ def reset_stack(stack: Stack, say: Callable[[str], None] = lambda _m: None) -> N
 DISRUPTIVE_KINDS = ("kill", "pause", "retrieve_fail", "l2_fault_inject")
 
 
+def oracle_side(stack: Stack, result) -> list[str]:
+    """The services of the stack's recompute oracle that may stay up while the rest of the stack
+    starts afresh after ``result``'s scenario disrupted it: the recompute twin
+    (``x-kvchaos.recompute``) and its witness LMCache (``x-kvchaos.witness.service``).
+
+    They are not the system under test: the twin has no cache to load from (no connector that
+    loads, no prefix cache), so its output is a function of the prompt, and the witness only
+    holds what the twin stored; between clean scenarios they are reused as they are. Restarting
+    them after a scenario that killed or froze LMCache, Redis or the engine cost every such
+    scenario a twin start (a model load) and an LMCache start. Kept only while that holds:
+
+    - the backend is the local one (``docker compose`` brings a stack up as a whole);
+    - no fault of the scenario names the service (any parameter value equal to its name);
+    - it is running, and it does not depend (``service_healthy``) on a service that restarts.
+
+    Args:
+        stack: the pool's stack for the scenario's stack file.
+        result: the scenario's RunResult (its ``faults`` and their ``params``).
+
+    Returns:
+        The names of the services that may stay up (empty: restart it all).
+    """
+    settings = stack.settings
+    names = [settings.recompute, settings.witness.service if settings.witness is not None else None]
+    wanted = [n for n in names if n and n in stack.spec.services]
+    if stack.backend != "local" or not wanted:
+        return []
+    named = {v for f in result.faults for v in _strings(f.params)}
+    status = stack.status()
+    kept = [n for n in wanted if n not in named and status.get(n) is not None and status[n].state == "running"]
+    changed = True
+    while changed:  # drop any whose health rests on a service that restarts
+        changed = False
+        for n in list(kept):
+            deps = stack.spec.services[n].dependencies()
+            if any(c == "service_healthy" and d not in kept for d, c in deps.items()):
+                kept.remove(n)
+                changed = True
+    return kept
+
+
+def _strings(value) -> list[str]:
+    """Every string inside a JSON-like value (dict values, list items)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 class StackPool:
     """Stacks of a suite, keyed by stack file; started on first use, reset on reuse.
 
@@ -142,6 +195,8 @@ class StackPool:
         self._variables: dict[Path, dict[str, str]] = {}
         self._used: set[Path] = set()
         self._dirty: set[Path] = set()
+        #: dirty stacks whose recompute oracle (twin and witness) may stay up through the restart
+        self._oracle_kept: dict[Path, list[str]] = {}
         #: stacks whose engine served wrong outputs: the next scenario gets the engine restarted
         self._engine_dirty: set[Path] = set()
         #: what bringing a stack down could not undo (a container, a mount), one line each, with
@@ -175,9 +230,10 @@ class StackPool:
 
     def _fail(self, key: Path) -> None:
         """A stack of the pool whose restart or reset failed midway: the next scenario gets it
-        started afresh."""
+        started afresh (all of it)."""
         if key in self._stacks:
             self._dirty.add(key)
+            self._oracle_kept.pop(key, None)
 
     def _acquire(self, key: Path, variables: dict[str, str], say: Callable[[str], None]) -> Stack:
         import os
@@ -195,12 +251,22 @@ class StackPool:
             self._used.add(key)
             return stack
         if key in self._dirty:
-            say(f"restarting stack {key.name}: the previous scenario disrupted it")
             interrupts.set_stage("stack restart")
             self._dirty.discard(key)
             self._engine_dirty.discard(key)
-            stack.down()
+            kept = self._oracle_kept.pop(key, [])
             unset = {k: os.environ.get(k, "") for k in self._variables[key] if k not in variables}
+            if kept:
+                say(f"restarting stack {key.name} but {', '.join(kept)} (the recompute oracle, which no "
+                    "fault touched): the previous scenario disrupted it")
+                # The stack's environment holds the new variables once reconfigure set them, even
+                # when the restart then fails: recorded first (see below).
+                self._variables[key] = variables
+                stack.reconfigure({**unset, **variables}, restart=[n for n in stack.spec.services if n not in kept])
+                reset_stack(stack, say)  # the filesystem L2 stays mounted: emptied here
+                return stack
+            say(f"restarting stack {key.name}: the previous scenario disrupted it")
+            stack.down()
             stack.set_variables({**unset, **variables})
             self._variables[key] = variables
             self._up_or_forget(key, stack)
@@ -258,7 +324,9 @@ class StackPool:
         after l2-bitflip-served-as-kv, two cold misses of the next scenario on the same stack
         generated token 0 from their fifth token on); the rest of the stack holds nothing of it,
         and restarting it all cost every caught bug a whole stack start (twin, two LMCache
-        servers, Redis, the proxy).
+        servers, Redis, the proxy). A fresh stack for a disrupted (or leaky) scenario keeps its
+        recompute oracle running where :func:`oracle_side` allows (no fault touched it, and the run
+        ended without an error): every service the system under test consists of starts afresh.
 
         Args:
             stack_file: the scenario's stack file.
@@ -270,6 +338,12 @@ class StackPool:
         wrong = any(c.name == "recompute_equivalence" and c.verdict == "failed" for c in result.checks)
         if disruptive or leaky or result.error:
             self._dirty.add(key)
+            stack = self._stacks.get(key)
+            kept = oracle_side(stack, result) if stack is not None and not result.error else []
+            if kept:
+                self._oracle_kept[key] = kept
+            else:
+                self._oracle_kept.pop(key, None)
         elif wrong:
             self._engine_dirty.add(key)
 
@@ -289,6 +363,7 @@ class StackPool:
                 self._variables.pop(k, None)
                 self._used.discard(k)
                 self._dirty.discard(k)
+                self._oracle_kept.pop(k, None)
                 self._engine_dirty.discard(k)
                 self._down(stack)
         return gone

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from chaos.httppool import ssl_context
+
 
 def probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
     """Probe ``url`` once.
@@ -36,7 +38,7 @@ def probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
     parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
         try:
-            r = httpx.get(url, timeout=timeout_s)
+            r = httpx.get(url, timeout=timeout_s, verify=ssl_context())
         except httpx.HTTPError as exc:
             return False, f"{type(exc).__name__}: {exc}"
         return 200 <= r.status_code < 300, f"HTTP {r.status_code}"

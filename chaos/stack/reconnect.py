@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from chaos.httppool import pool_limits
+from chaos.httppool import pool_limits, ssl_context
 
 __all__ = ["registered_contexts", "engine_lmcache_healthy", "engine_lmcache_heartbeats", "wait_engine_reconnected",
            "wait_engine_noticed", "RECONNECT_TIMEOUT_S", "STABLE_S"]
@@ -150,7 +150,7 @@ def wait_engine_reconnected(stack: Any, contexts_before: int | None, timeout_s: 
     contexts: int | None = None
     healthy: bool | None = None
     healthy_since: float | None = None
-    with httpx.Client(limits=pool_limits()) as client:
+    with httpx.Client(limits=pool_limits(), verify=ssl_context()) as client:
         while True:
             now = time.monotonic()
             contexts = registered_contexts(lmcache_http, client) if lmcache_http else None
@@ -195,7 +195,7 @@ def wait_engine_noticed(stack: Any, timeout_s: float = RECONNECT_TIMEOUT_S) -> d
     """
     engine_url = getattr(getattr(stack, "settings", None), "engine_url", None)
     start = time.monotonic()
-    with httpx.Client(limits=pool_limits()) as client:
+    with httpx.Client(limits=pool_limits(), verify=ssl_context()) as client:
         while True:
             now = time.monotonic()
             healthy = engine_lmcache_healthy(engine_url, client) if engine_url else None

@@ -21,7 +21,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.history import HistoryWriter, Op
-from chaos.httppool import pool_limits
+from chaos.httppool import pool_limits, ssl_context
 from chaos.workload.generator import prompt_hash
 
 __all__ = ["CompletionRequest", "Cancel", "CompletionClient", "CompletionOutcome", "parse_top_logprobs"]
@@ -161,6 +161,7 @@ class CompletionClient:
         self._client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout_s),
             limits=pool_limits(max_connections=None, max_keepalive_connections=64),
+            verify=ssl_context(),
         )
         self._own_client = client is None
 

@@ -202,3 +202,76 @@ def test_a_variable_whose_restart_failed_is_unset_for_the_next_scenario(tmp_path
         assert stack.env.get("BAD", "") == ""
     finally:
         pool.close()
+
+
+def oracle_stack(tmp_path, twin_depends: str = "witness") -> Path:
+    """A stack file of sleepers shaped like compose/reference.yml: an engine on an LMCache, and
+    the recompute oracle beside them (the twin on its witness, or on ``twin_depends``)."""
+    stack_file = tmp_path / "stack.yml"
+    sleeper = 'command: [python, -c, "import time; time.sleep(600)"], healthcheck: {test: [CMD, "true"], interval: 100ms}'
+    stack_file.write_text(textwrap.dedent(f"""
+        x-kvchaos:
+          engine: engine
+          recompute: twin
+          witness: {{service: witness, url: "tcp://127.0.0.1:1"}}
+        services:
+          lmcache: {{{sleeper}}}
+          engine: {{{sleeper}, depends_on: [lmcache]}}
+          witness: {{{sleeper}}}
+          twin: {{{sleeper}, depends_on: {{{twin_depends}: {{condition: service_healthy}}}}}}
+    """))
+    return stack_file
+
+
+def _ended(*faults: dict, error: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(faults=[SimpleNamespace(kind=f["kind"], params=f) for f in faults], error=error,
+                           checks=[SimpleNamespace(name="leaks", verdict="passed")])
+
+
+def _pids(stack) -> dict[str, int | None]:
+    return {name: st.pid for name, st in stack.status().items()}
+
+
+def test_a_disrupted_stack_restarts_all_but_its_recompute_oracle(tmp_path):
+    """After a scenario that killed LMCache the pool brought the whole stack down and up: the
+    twin (a model load) and its witness LMCache started again for every disruptive scenario of
+    the catalogue, though no fault touches them. Now everything else restarts, and they stay."""
+    stack_file = oracle_stack(tmp_path)
+    pool = StackPool("local", tmp_path / "stacks")
+    try:
+        stack = pool.acquire(stack_file)
+        first = _pids(stack)
+        stack.kill("lmcache")
+        stack.start("lmcache")
+        pool.release(stack_file, _ended({"kind": "kill", "service": "lmcache"}))
+        assert pool.acquire(stack_file) is stack
+        second = _pids(stack)
+        assert {n for n in first if first[n] != second[n]} == {"lmcache", "engine"}, (first, second)
+        assert all(st.state == "running" for st in stack.status().values())
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("why", ["a fault named the twin", "the run ended in an error",
+                                 "the twin rests on a restarted service"])
+def test_a_disrupted_stack_restarts_its_recompute_oracle_too_when_it_may_be_touched(tmp_path, why):
+    """An oracle service stays up only where nothing can have reached it: a fault that names the
+    twin, or a twin whose health check depends on a service that restarts, restart the twin too;
+    a run that ended in an error (a hung twin is not seen as exited) brings the whole stack down
+    and up as before."""
+    stack_file = oracle_stack(tmp_path, twin_depends="lmcache" if "rests" in why else "witness")
+    pool = StackPool("local", tmp_path / "stacks")
+    faults = [{"kind": "pause", "service": "twin" if "named" in why else "lmcache"}]
+    try:
+        stack = pool.acquire(stack_file)
+        first = _pids(stack)
+        pool.release(stack_file, _ended(*faults, error="scenario deadline of 60s passed" if "error" in why else None))
+        assert pool.acquire(stack_file) is stack
+        second = _pids(stack)
+        assert second["twin"] != first["twin"] and second["engine"] != first["engine"], (first, second)
+        if "error" in why:
+            assert second["witness"] != first["witness"]
+        else:
+            assert second["witness"] == first["witness"]  # kept: nothing named it, it rests on nothing
+    finally:
+        pool.close()
