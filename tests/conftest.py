@@ -109,6 +109,68 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = order_by_duration(items, table, key=lambda item: file_of(item.nodeid))
 
 
+#: The session's reference pools that are open (one per process: the xdist worker's, or this one).
+_REFERENCE_POOLS: list = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``--dist loadfile``: xdist's own scheduling, with the files of
+    tests/file_durations.py REFERENCE_POOL_FILES one unit of work (placed where the first of
+    them is in the collection: the longest first), see ``scope_of`` there; None otherwise
+    (xdist's default)."""
+    if config.getoption("dist", "no") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    from file_durations import scope_of
+
+    class ReferencePoolFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ReferencePoolFilesTogether(config, log)
+
+
+@pytest.fixture(scope="session")
+def reference_pool(tmp_path_factory: pytest.TempPathFactory):
+    """A chaos.runner.stacks.StackPool (local backend) shared by the tests of
+    tests/file_durations.py REFERENCE_POOL_FILES (a file that uses it is listed there): acquire
+    and release it as a suite does; never close it (the session does, and
+    pytest_runtest_teardown brings its stacks down after the last test of a run of those
+    files, so the stack never idles through other files' tests)."""
+    from chaos.runner.stacks import StackPool
+
+    pool = StackPool("local", tmp_path_factory.mktemp("reference-pool"))
+    _REFERENCE_POOLS.append(pool)
+    try:
+        yield pool
+    finally:
+        _REFERENCE_POOLS.remove(pool)
+        pool.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a test (its fixtures torn down) whose next test is not in a file of
+    tests/file_durations.py REFERENCE_POOL_FILES (or there is none): the reference pool's
+    stacks are brought down, and what their teardown could not undo is raised (a teardown
+    error of that test)."""
+    result = yield
+    if not _REFERENCE_POOLS:
+        return result
+    from pathlib import Path
+
+    from file_durations import REFERENCE_POOL_FILES, file_of
+
+    if nextitem is not None and file_of(nextitem.nodeid) in REFERENCE_POOL_FILES:
+        return result
+    for pool in _REFERENCE_POOLS:
+        pool.keep_only(Path("/dev/null/no-stack-file"))  # every stack down, the pool's state with it
+        pool.raise_teardown_errors()
+    return result
+
+
 @pytest.fixture(autouse=True)
 def _restore_signal_handlers():
     """Put SIGINT/SIGTERM/SIGHUP's handlers back as they were before the test."""

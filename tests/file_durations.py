@@ -43,6 +43,34 @@ def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+#: The test files whose scenario runs on compose/reference.yml share one StackPool for the whole
+#: session (tests/conftest.py ``reference_pool``). Under ``--dist loadfile`` they are one unit
+#: of work (:func:`scope_of`, tests/conftest.py pytest_xdist_make_scheduler): one worker runs them
+#: one after the other, so a file gets the stack the one before left (reset as a suite resets it
+#: between scenarios, or started afresh after a run that disrupted it, chaos/runner/stacks.py)
+#: instead of a stack start of its own: about 50 CPU-seconds each (engine, recompute twin, two
+#: LMCache servers, Redis, proxy; measured 2026-12-07 on 2 cores).
+REFERENCE_POOL_FILES = frozenset({
+    "tests/faults/test_new_kinds_bite.py",
+    "tests/faults/test_stall_and_lmcache_call.py",
+    "tests/faults/test_reconnect.py",
+    "tests/diagnose/test_diagnose_stack.py",
+    "tests/checks/test_bites_on_reference_stack.py",
+    "tests/shrink/test_shrink_stack.py",
+    "tests/runner/test_tolerant_mode.py",
+})
+#: The unit of work of every file of REFERENCE_POOL_FILES.
+REFERENCE_POOL_SCOPE = "reference-pool-files"
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work ``--dist loadfile`` makes of a node id under tests/conftest.py's
+    scheduler: :data:`REFERENCE_POOL_SCOPE` for a test of a file of
+    :data:`REFERENCE_POOL_FILES`, else its file (xdist's own loadfile unit)."""
+    f = file_of(nodeid)
+    return REFERENCE_POOL_SCOPE if f in REFERENCE_POOL_FILES else f
+
+
 def load_table(path: Path = TABLE) -> dict[str, float] | None:
     """The seconds per test file stored at ``path``; None when there is no such file.
 

@@ -83,3 +83,21 @@ def test_the_repo_table_orders_an_xdist_loadfile_run():
     times = [table[f] for f in ran if f in table]
     assert len(times) >= 5 and times[0] == max(times) > min(times)
     assert times == sorted(times, reverse=True), list(zip(ran, times))
+
+
+def test_the_reference_pool_files_are_one_unit_of_work_and_every_user_of_the_pool_is_one():
+    """tests/conftest.py's scheduler gives every file of REFERENCE_POOL_FILES one scope (one
+    worker runs them in a row, sharing the session's reference_pool); a file that asks for
+    ``reference_pool`` but is not listed would still pass, starting a stack of its own in
+    whichever worker runs it, so the list is checked against the files that use it."""
+    from file_durations import REFERENCE_POOL_FILES, REFERENCE_POOL_SCOPE, scope_of
+
+    repo = Path(__file__).resolve().parents[1]
+    assert all((repo / f).is_file() for f in REFERENCE_POOL_FILES), sorted(REFERENCE_POOL_FILES)
+    assert {scope_of(f"{f}::test_x[a]") for f in REFERENCE_POOL_FILES} == {REFERENCE_POOL_SCOPE}
+    assert scope_of("tests/faults/test_network.py::test_x") == "tests/faults/test_network.py"
+    users = {str(p.relative_to(repo)) for p in (repo / "tests").rglob("test_*.py")
+             if "reference_pool" in p.read_text() and p.name != "test_file_durations.py"}
+    faults_pool = {str(p.relative_to(repo)) for p in (repo / "tests" / "faults").glob("test_*.py")
+                   if "(pool," in p.read_text()}  # tests/faults/conftest.py's pool is reference_pool
+    assert users | faults_pool <= REFERENCE_POOL_FILES, sorted((users | faults_pool) - REFERENCE_POOL_FILES)

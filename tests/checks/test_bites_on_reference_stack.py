@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 
 from chaos.runner.run import run_scenario
-from chaos.runner.stacks import StackPool
 from chaos.runner.suite import load_and_validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,8 +142,9 @@ checks:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Run the three scenarios on one reference stack; results by scenario name."""
+def runs(tmp_path_factory, reference_pool):
+    """Run the three scenarios on one reference stack (the session's pool, tests/conftest.py
+    ``reference_pool``); results by scenario name."""
     root = tmp_path_factory.mktemp("bites")
     paths = []
     for text in (CLEAN, BROKEN, UNDECIDABLE):
@@ -152,17 +152,14 @@ def runs(tmp_path_factory):
         paths.append(root / f"{name}.yaml")
         paths[-1].write_text(text)
     scenarios = load_and_validate(paths)
-    pool = StackPool("local", root / "stacks")
+    pool = reference_pool
     out = {}
-    try:
-        for scenario in scenarios:
-            stack = pool.acquire(STACK, scenario.stack_variables())
-            result = run_scenario(scenario, stack, root / scenario.name, run_id=scenario.name, timeout_s=420)
-            pool.release(STACK, result)
-            assert result.error is None, result.error
-            out[scenario.name] = result
-    finally:
-        pool.close()
+    for scenario in scenarios:
+        stack = pool.acquire(STACK, scenario.stack_variables())
+        result = run_scenario(scenario, stack, root / scenario.name, run_id=scenario.name, timeout_s=420)
+        pool.release(STACK, result)
+        assert result.error is None, result.error
+        out[scenario.name] = result
     return out
 
 

@@ -3,8 +3,9 @@ verdict from the diagnosis ``kvchaos run`` makes of the run that caught it (shor
 the shape ``kvchaos shrink`` gives), and a KV-content diagnosis works through LMCache alone
 with the engine's debug routes switched off.
 
-One stack for the module (the engine is restarted when the planted bug changes; the held-back
-load-path bugs share one engine, which reads its bug from a file at each load). Marked slow.
+One stack for the module, the session's (tests/conftest.py ``reference_pool``; the engine is
+restarted when the planted bug changes; the held-back load-path bugs share one engine, which
+reads its bug from a file at each load). Marked slow.
 Two cases are placed so the stack starts no more often than needed: store-before-compute is
 tested once, by the run with the engine's debug routes off (it asserts all its verdict's
 fields, and the layout and KV then come from the stack file and LMCache exactly as with the
@@ -100,10 +101,9 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    p = StackPool("local", tmp_path_factory.mktemp("diagnose-stacks"))
-    yield p
-    p.close()
+def pool(reference_pool: StackPool) -> StackPool:
+    """The session's pool of reference stacks (tests/conftest.py ``reference_pool``)."""
+    return reference_pool
 
 
 def _run(pool: StackPool, tmp_path: Path, bug: str, extra_variables: dict[str, str] | None = None,

@@ -48,10 +48,7 @@ def reference_storage(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    """A StackPool of local reference stacks shared by one test module (closed after it)."""
-    from chaos.runner.stacks import StackPool
-
-    p = StackPool("local", tmp_path_factory.mktemp("pool") / "stacks")
-    yield p
-    p.close()
+def pool(reference_pool):
+    """The session's StackPool of local reference stacks (tests/conftest.py ``reference_pool``;
+    a module using it is listed in REFERENCE_POOL_FILES there)."""
+    return reference_pool

@@ -153,17 +153,13 @@ def test_an_engine_without_the_gauge_is_not_waited_for(fake):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the reference stack's tmpfs needs root")
-def test_l2_fault_inject_restarts_are_seen_by_an_engine_with_a_slow_heartbeat(tmp_path):
-    from chaos.runner.stacks import StackPool
-
+def test_l2_fault_inject_restarts_are_seen_by_an_engine_with_a_slow_heartbeat(tmp_path, reference_pool):
+    """On the session's pool of reference stacks (tests/conftest.py ``reference_pool``): the
+    heartbeat variable restarts the engine with it."""
     text = (REPO / "scenarios" / "l2-load-fail-after-lookup.yaml").read_text()
     text = text.replace("stack: ../compose/reference.yml",
                         'stack: STACK\nvariables: {LMCACHE_HEARTBEAT_INTERVAL: "8"}')
-    pool = StackPool("local", tmp_path / "stacks")
-    try:
-        result, checks = run_pooled(pool, tmp_path, text, STACK, "slow-heartbeat")
-    finally:
-        pool.close()
+    result, checks = run_pooled(reference_pool, tmp_path, text, STACK, "slow-heartbeat")
     assert checks["evidence"].verdict == "passed", checks["evidence"].summary
     assert result.verdict == "passed", [(c.name, c.summary) for c in result.checks]
     (hist,) = (tmp_path / "run").rglob("history.jsonl")

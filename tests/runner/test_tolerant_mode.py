@@ -19,17 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_smoke_passes_in_tolerant_mode_on_batch_dependent_numerics(tmp_path: Path) -> None:
+def test_smoke_passes_in_tolerant_mode_on_batch_dependent_numerics(tmp_path: Path,
+                                                                   reference_pool: StackPool) -> None:
+    """On the session's pool of reference stacks (tests/conftest.py ``reference_pool``)."""
     (scenario,) = load_and_validate([REPO / "scenarios" / "smoke.yaml"], numerics="batch-dependent",
                                     equivalence="tolerant")
     assert scenario.engine.numerics == "batch-dependent"
     assert scenario.checks.recompute_equivalence.mode == "tolerant"
-    pool = StackPool("local", tmp_path / "stacks")
-    try:
-        stack = pool.acquire(Path(scenario.stack), scenario.stack_variables())
-        result = run_scenario(scenario, stack, tmp_path / "run", run_id="tolerant-smoke", timeout_s=300)
-    finally:
-        pool.close()
+    stack = reference_pool.acquire(Path(scenario.stack), scenario.stack_variables())
+    result = run_scenario(scenario, stack, tmp_path / "run", run_id="tolerant-smoke", timeout_s=300)
+    reference_pool.release(Path(scenario.stack), result)
     assert result.error is None, result.error
     check = next(c for c in result.checks if c.name == "recompute_equivalence")
     assert check.verdict == "passed", check.summary

@@ -37,29 +37,28 @@ checks:
 
 
 @pytest.mark.slow
-def test_shrink_a_caught_bug_to_a_small_scenario(tmp_path: Path, monkeypatch) -> None:
+def test_shrink_a_caught_bug_to_a_small_scenario(tmp_path: Path, monkeypatch, reference_pool: StackPool) -> None:
+    """On the session's pool of reference stacks (tests/conftest.py ``reference_pool``)."""
     monkeypatch.setenv("KVCHAOS_DIAGNOSE", "0")
     path = tmp_path / "shrink-me.yaml"
     path.write_text(SCENARIO)
     (scenario,) = load_and_validate([path])
-    pool = StackPool("local", tmp_path / "stacks")
-    try:
-        stack = pool.acquire(STACK, scenario.stack_variables())
-        run_dir = tmp_path / "run"
-        result = run_scenario(scenario, stack, run_dir, run_id=new_run_id("shrink-me"), timeout_s=180)
-        assert result.verdict == "failed"
-        pool.release(STACK, result)
-        res, out = run_shrink(run_dir, budget_s=150, pool=pool)
-        assert res.verified == res.reruns == 3
-        assert res.final["phases"] <= 2 and res.final["requests"] <= 8, res.final
-        assert res.final["requests"] < res.original["requests"]
-        shrunk = load_scenario(out)  # a normal scenario file
-        assert shrunk.engine.bugs == ["hit-plus-one-chunk"] and shrunk.checks.enabled() == ["recompute_equivalence"]
-        assert (run_dir / "shrink.json").is_file()
-        (again,) = load_and_validate([out])
-        stack = pool.acquire(Path(again.stack), again.stack_variables())
-        rerun = run_scenario(again, stack, tmp_path / "rerun", run_id=new_run_id("shrunk"), timeout_s=120)
-        assert [c.verdict for c in rerun.checks] == ["failed"]
-    finally:
-        pool.close()
+    pool = reference_pool
+    stack = pool.acquire(STACK, scenario.stack_variables())
+    run_dir = tmp_path / "run"
+    result = run_scenario(scenario, stack, run_dir, run_id=new_run_id("shrink-me"), timeout_s=180)
+    assert result.verdict == "failed"
+    pool.release(STACK, result)
+    res, out = run_shrink(run_dir, budget_s=150, pool=pool)
+    assert res.verified == res.reruns == 3
+    assert res.final["phases"] <= 2 and res.final["requests"] <= 8, res.final
+    assert res.final["requests"] < res.original["requests"]
+    shrunk = load_scenario(out)  # a normal scenario file
+    assert shrunk.engine.bugs == ["hit-plus-one-chunk"] and shrunk.checks.enabled() == ["recompute_equivalence"]
+    assert (run_dir / "shrink.json").is_file()
+    (again,) = load_and_validate([out])
+    stack = pool.acquire(Path(again.stack), again.stack_variables())
+    rerun = run_scenario(again, stack, tmp_path / "rerun", run_id=new_run_id("shrunk"), timeout_s=120)
+    pool.release(Path(again.stack), rerun)
+    assert [c.verdict for c in rerun.checks] == ["failed"]
     assert os.path.relpath(Path(shrunk.stack).resolve(), REPO).startswith("compose")
