@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from chaos.faults import registry
+from chaos.faults.network import LinkParams
 from chaos.scenario.needs import need_met
 from chaos.stack.spec import load_stack
 
@@ -340,8 +341,43 @@ def _draw_fault(rng: random.Random, offer: StackOffer, kinds: list[str]) -> dict
             # no request meets a fault applied after the phase's requests: its window would be
             # unreachable (the loader warns); start it with the phase instead
             del fault["after"]
+        _in_place_while_requests_run(fault)
         return fault
     return None
+
+
+#: Fault kinds whose window is what the requests of their own phase do some time after they are
+#: sent: their L2 stores (disk_full) or their loads from a tier the fault emptied or broke (as
+#: tests/catalogue/test_catalogue.py ``_WINDOW_IS_THE_PHASES_STORES_OR_LOADS``).
+STORE_OR_LOAD_WINDOWS = frozenset({"disk_full", "tier_flush", "l2_corrupt", "l2_fault_inject"})
+
+
+def is_network(fault: dict[str, Any]) -> bool:
+    """The fault acts on a link of the stack (its kind's parameters are ``LinkParams``: a toxic
+    or ``link_down``)."""
+    return issubclass(registry.get(fault["kind"]).params_model, LinkParams)
+
+
+def _in_place_while_requests_run(fault: dict[str, Any]) -> None:
+    """A network fault, or one whose window is its phase's stores or loads, is in place from the
+    phase's start (``start: 0ms``: the phase's requests are sent once it is applied) until the
+    phase's requests are done (``until: end``), as the catalogue opens such windows
+    (scenarios/lookup-timeout.yaml, scenarios/l2-partial-read.yaml).
+
+    A start drawn 0.2-2 s into the phase, or a fixed 1-8 s ``duration``, was drawn with no regard
+    to when the requests use the link: in the 61 min exploration of the vLLM CPU stack (seed 4101,
+    docs/explore.md) 10 of 20 runs had a toxic in place while no byte crossed its link (runs 3,
+    15, 16: limit_data, latency, timeout "did not act"; signature 1's rerun: the 8 requests ended
+    1.17-1.31 s into the phase, the toxics came at 1.43 and 1.57 s), and a fixed ``disk_full``
+    is outrun by a slow host's stores (the catalogue's rule). The main stream's draws for the
+    timing are still made (so later draws are what they were); only their result is replaced.
+    Changes ``fault`` in place."""
+    if fault.get("after") == "requests" or not (is_network(fault) or fault["kind"] in STORE_OR_LOAD_WINDOWS):
+        return
+    fault.pop("duration", None)
+    if "start" in fault:
+        fault["start"] = "0ms"
+    fault["until"] = "end"
 
 
 # --- workload -----------------------------------------------------------------------------------
@@ -414,6 +450,10 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     phases: list[dict[str, Any]] = [{"name": "warm"}]
     hit_phase = (not drawn_prefix_caching and workload.get("turns", 1) == 1 and offer.has("engine.metrics")
                  and rng.random() < 0.5)
+    if hit_phase and offer.has("engine.cache_stats") and not offer.has("engine.cache_stats.stream"):
+        # the hit phase is there for hit_quality, which reads each request's cache accounting:
+        # this engine gives none for a streamed request (see _reports_hits)
+        workload["stream"] = False
     if hit_phase:
         phases.append({"name": "hit", "trigger": {"metric": "vllm:external_prefix_cache_hits_total",
                                                    "service": offer.engine or "engine", "grew_by": offer.chunk}})
@@ -433,6 +473,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             # the corrupted objects or crosses the L2 link and the fault never acts (as
             # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
+        _reads_cross_the_l2_link(offer, kinds, faults)
         _slow_link_under_held_retrieve(rng, offer, faults)
         earlier = [f for ph in phases for f in ph.get("faults", [])]
         _aim_cancels(tune, offer, workload, faults, earlier)
@@ -447,9 +488,11 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         if faults:
             phase["faults"] = faults
             longest = max(longest, sum(_seconds(f.get("duration", "0ms")) for f in faults))
-        if faults and rng.random() < 0.2 and not any(f["kind"] == "cancel" for f in faults):
+        if (faults and rng.random() < 0.2 and not any(f["kind"] == "cancel" for f in faults)
+                and not any(is_network(f) for f in faults)):
             # (a cancel picks requests as they start: requests racing its window's opening
-            # start before it, and none is picked)
+            # start before it, and none is picked; a toxic added while the requests' first bytes
+            # already crossed its link misses them)
             phase["requests_start"] = "at_once"
         if (faults and rng.random() < 0.25 and all(f.get("after") != "requests" for f in faults)
                 and all(_basis(f) == "requests_from_apply" for f in faults)):
@@ -479,7 +522,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     if recovery:
         # at least one recover request hits LMCache again (a client that never reconnects: none)
         checks["hit_recovery"] = {"phases": ["recover"], "min_request_hit_rate": 0.01}
-    if hit_phase:
+    if hit_phase and _reports_hits(offer, workload):
         checks["hit_quality"] = {"phases": ["hit"], "stored_prefix_full_hit": True, "min_correct_hit_rate": 1.0}
     kinds_used = sorted({f["kind"] for ph in phases for f in ph.get("faults", [])})
     data: dict[str, Any] = {
@@ -495,6 +538,37 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         data["variables"] = variables
     data.update({"workload": workload, "phases": phases, "checks": checks})
     return data
+
+
+def _reports_hits(offer: StackOffer, workload: dict[str, Any]) -> bool:
+    """The stack gives the per-request cache accounting hit_quality reads for this workload's
+    requests, so the check can be decided: hit_quality counts only requests with
+    ``cached_token_stats`` (chaos/checks/hits.py ``looked_up`` None without them) and is
+    ``unknown`` below ``min_requests`` of them (chaos/checks/hit_quality.py). Needs
+    ``engine.cache_stats``, and ``engine.cache_stats.stream`` when any request streams (vLLM
+    0.32: none of a streamed completion's events carries kv_transfer_params; the vLLM CPU
+    exploration's runs 2, 7, 9 left hit_quality undecided so)."""
+    if not offer.has("engine.cache_stats"):
+        return False
+    return workload.get("stream") is False or offer.has("engine.cache_stats.stream")
+
+
+def _reads_cross_the_l2_link(offer: StackOffer, kinds: list[str], faults: list[dict[str, Any]]) -> None:
+    """A network fault on a link to an L2 server (Redis) acts only on what crosses it: LMCache
+    reads that tier only for what L1 and the other L2 tier (fs) no longer hold. Such a phase
+    flushes L1 and the other tiers first, with the toxic in place from the phase's start
+    (scenarios/l2-partial-read.yaml: a flush of l1 and fs, then ``limit_data`` on lmcache-redis
+    ``until: end``). An existing flush of the phase gets the missing tiers. Changes ``faults``
+    in place (no draw: the scenario's other draws are unchanged)."""
+    on_l2 = [f for f in faults if is_network(f) and f["link"] in offer.l2_links]
+    if not on_l2 or "tier_flush" not in kinds:
+        return
+    need = ["l1", *(t for t in offer.l2_tiers if t != "redis")]
+    flush = next((f for f in faults if f["kind"] == "tier_flush"), None)
+    if flush is None:
+        faults.insert(0, {"kind": "tier_flush", "tiers": need, "until": "end"})
+    else:
+        flush["tiers"] = sorted(set(flush["tiers"]) | set(need))
 
 
 def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer) -> None:
@@ -649,9 +723,10 @@ def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults
             f["point"] = "before_lookup"
 
 
-def _needs_a_load(fault: dict[str, Any]) -> bool:
-    """The fault acts only on a retrieve from LMCache (a load after a positive lookup)."""
-    return (fault["kind"] == "retrieve_fail" or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
+def _needs_a_load(fault: dict[str, Any], offer: StackOffer) -> bool:
+    """The fault acts only on a retrieve from LMCache (a load after a positive lookup; a fault
+    on an L2 link: a read from that tier)."""
+    return (fault["kind"] == "retrieve_fail" or (is_network(fault) and fault["link"] in offer.l2_links) or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
             or (fault["kind"] == "cancel" and fault.get("state") == "load"))
 
 
@@ -662,7 +737,7 @@ def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any
     each beside the prefix cache). Such a phase flushes the engine's prefix cache first (the
     pairing of L2 faults with an L1 flush); a stack that cannot flush it gets no prefix cache.
     Changes ``faults`` and ``engine`` in place."""
-    if not engine.get("prefix_caching") or not any(_needs_a_load(f) for f in faults):
+    if not engine.get("prefix_caching") or not any(_needs_a_load(f, offer) for f in faults):
         return
     if any(f["kind"] == "tier_flush" and "engine" in f["tiers"] for f in faults):
         return
