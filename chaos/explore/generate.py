@@ -11,9 +11,12 @@ what one stack file offers, each valid by construction.
                    ─> 1-2 fault phases: 1-3 faults each, overlapping (several in one phase,
                       staggered starts) or in sequence (one phase after the other), each with a
                       start, `duration` or `until: end`, `after: requests` for some kills and
-                      pauses ─> recover (fewer requests)
+                      pauses; network faults and store/load windows from the phase's start
+                      until its requests end (:func:`_in_place_while_requests_run`)
+                      ─> recover (fewer requests)
         checks     recompute_equivalence, liveness, leaks, evidence; isolation with tenants;
-                   hit_quality on the hit phase
+                   hit_quality on the hit phase where the stack reports its requests' hits
+                   (:func:`_reports_hits`)
     ──> YAML file ──> chaos.scenario.loader.check_scenario (a file that does not validate is a
         bug of this module: tests/explore/test_generate.py counts them over many seeds)
 
