@@ -133,3 +133,23 @@ def test_every_store_or_load_window_lasts_until_its_phase_requests_end(offer) ->
                         bad.append(f"{label} phase {phase['name']}: {f['kind']} start {f.get('start')}, "
                                    f"until {f.get('until')}, duration {f.get('duration')}")
     assert bad == [], f"{len(bad)} on {offer.path.name}: {bad[:5]}"
+
+
+def test_no_network_fault_behind_a_cut_of_its_link(offer) -> None:
+    """Two network faults on one link of a phase, one of which keeps every byte from the other
+    (a ``link_down``; a ``timeout`` or ``reset_peer`` on the same stream: chaos/faults/network.py,
+    a toxic after a blocking one in the chain sees nothing), leave the other with an empty window
+    once both are in place for the whole phase: its run is inconclusive."""
+    blocking = {"timeout", "reset_peer"}
+    bad = []
+    for label, d in _scenarios(offer):
+        for phase in d["phases"]:
+            net = [f for f in phase.get("faults", []) if is_network(f)]
+            for i, a in enumerate(net):
+                for b in net[i + 1:]:
+                    if a["link"] != b["link"]:
+                        continue
+                    if "link_down" in (a["kind"], b["kind"]) or (
+                            a.get("stream") == b.get("stream") and {a["kind"], b["kind"]} & blocking):
+                        bad.append(f"{label} phase {phase['name']}: {a['kind']} and {b['kind']} on {a['link']}")
+    assert bad == [], f"{len(bad)} on {offer.path.name}: {bad[:5]}"
