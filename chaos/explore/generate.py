@@ -589,8 +589,9 @@ def _reads_cross_the_l2_link(offer: StackOffer, kinds: list[str], faults: list[d
     reads that tier only for what L1 and the other L2 tier (fs) no longer hold. Such a phase
     flushes L1 and the other tiers first, with the toxic in place from the phase's start
     (scenarios/l2-partial-read.yaml: a flush of l1 and fs, then ``limit_data`` on lmcache-redis
-    ``until: end``). An existing flush of the phase gets the missing tiers. Changes ``faults``
-    in place (no draw: the scenario's other draws are unchanged)."""
+    ``until: end``). An existing flush of the phase gets the missing tiers, and loses the tier
+    behind the link (a flushed Redis leaves nothing to read through it). Changes ``faults`` in
+    place (no draw: the scenario's other draws are unchanged)."""
     on_l2 = [f for f in faults if is_network(f) and f["link"] in offer.l2_links]
     if not on_l2 or "tier_flush" not in kinds:
         return
@@ -599,7 +600,7 @@ def _reads_cross_the_l2_link(offer: StackOffer, kinds: list[str], faults: list[d
     if flush is None:
         faults.insert(0, {"kind": "tier_flush", "tiers": need, "until": "end"})
     else:
-        flush["tiers"] = sorted(set(flush["tiers"]) | set(need))
+        flush["tiers"] = sorted((set(flush["tiers"]) | set(need)) - {"redis"})
 
 
 def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer) -> None:
@@ -757,8 +758,9 @@ def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults
 def _needs_a_load(fault: dict[str, Any], offer: StackOffer) -> bool:
     """The fault acts only on a retrieve from LMCache (a load after a positive lookup; a fault
     on an L2 link: a read from that tier)."""
-    return (fault["kind"] == "retrieve_fail" or (is_network(fault) and fault["link"] in offer.l2_links) or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
-            or (fault["kind"] == "cancel" and fault.get("state") == "load"))
+    return (fault["kind"] == "retrieve_fail" or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
+            or (fault["kind"] == "cancel" and fault.get("state") == "load")
+            or (is_network(fault) and fault["link"] in offer.l2_links))
 
 
 def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any], faults: list[dict[str, Any]]) -> None:
