@@ -477,7 +477,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             # the corrupted objects or crosses the L2 link and the fault never acts (as
             # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
-        _reads_cross_the_l2_link(offer, kinds, faults)
+        _reads_cross_the_l2_link(offer, kinds, faults, phases)
         _slow_link_under_held_retrieve(rng, offer, faults)
         earlier = [f for ph in phases for f in ph.get("faults", [])]
         _aim_cancels(tune, offer, workload, faults, earlier)
@@ -584,23 +584,54 @@ def _reports_hits(offer: StackOffer, workload: dict[str, Any]) -> bool:
     return workload.get("stream") is False or offer.has("engine.cache_stats.stream")
 
 
-def _reads_cross_the_l2_link(offer: StackOffer, kinds: list[str], faults: list[dict[str, Any]]) -> None:
+def _holds_l2_reads(fault: dict[str, Any], offer: StackOffer) -> bool:
+    """A network fault on an L2 link that keeps reads through it from completing while its phase
+    runs: a cut (``link_down``, ``timeout``, ``reset_peer``, ``limit_data``) or a trickle of at
+    most 200 KB/s (a 2 MiB chunk takes 10 s or more). A latency or slicer only delays them: the
+    reads complete and refill L1."""
+    if not is_network(fault) or fault["link"] not in offer.l2_links:
+        return False
+    if fault["kind"] == "bandwidth":
+        return fault["rate_kbps"] <= 200
+    return fault["kind"] in ("link_down", "timeout", "reset_peer", "limit_data")
+
+
+def _reads_cross_the_l2_link(offer: StackOffer, kinds: list[str], faults: list[dict[str, Any]],
+                             earlier: list[dict[str, Any]]) -> None:
     """A network fault on a link to an L2 server (Redis) acts only on what crosses it: LMCache
     reads that tier only for what L1 and the other L2 tier (fs) no longer hold. Such a phase
     flushes L1 and the other tiers first, with the toxic in place from the phase's start
     (scenarios/l2-partial-read.yaml: a flush of l1 and fs, then ``limit_data`` on lmcache-redis
     ``until: end``). An existing flush of the phase gets the missing tiers, and loses the tier
-    behind the link (a flushed Redis leaves nothing to read through it). Changes ``faults`` in
-    place (no draw: the scenario's other draws are unchanged)."""
+    behind the link (a flushed Redis leaves nothing to read through it).
+
+    A tier an earlier phase flushed beside a fault that held the reads through that link
+    (:func:`_holds_l2_reads`) stays empty: nothing refilled it in that whole phase, and a flush
+    that finds nothing did not act (seed 9 scenario 1 on the reference stack, 2026-12-07: a 20 KB/s upstream
+    ``bandwidth`` on lmcache-redis in fault-1, then fault-2's flush: "L1 held nothing at apply",
+    "no object file" in fs, the run inconclusive). Such tiers are left out of this phase's flush
+    (the flush is dropped when none is left). Changes ``faults`` in place (no draw: the
+    scenario's other draws are unchanged)."""
     on_l2 = [f for f in faults if is_network(f) and f["link"] in offer.l2_links]
     if not on_l2 or "tier_flush" not in kinds:
         return
-    need = ["l1", *(t for t in offer.l2_tiers if t != "redis")]
+    still_empty: set[str] = set()
+    for ph in earlier:
+        before = ph.get("faults", [])
+        if any(_holds_l2_reads(f, offer) for f in before):
+            # (not the engine's prefix cache: the engine refills it with what it computes)
+            still_empty |= {t for f in before if f["kind"] == "tier_flush" for t in f["tiers"] if t != "engine"}
+    need = [t for t in ("l1", *offer.l2_tiers) if t != "redis" and t not in still_empty]
     flush = next((f for f in faults if f["kind"] == "tier_flush"), None)
     if flush is None:
-        faults.insert(0, {"kind": "tier_flush", "tiers": need, "until": "end"})
+        if need:
+            faults.insert(0, {"kind": "tier_flush", "tiers": need, "until": "end"})
+        return
+    tiers = sorted((set(flush["tiers"]) | set(need)) - {"redis"} - still_empty)
+    if tiers:
+        flush["tiers"] = tiers
     else:
-        flush["tiers"] = sorted((set(flush["tiers"]) | set(need)) - {"redis"})
+        faults.remove(flush)
 
 
 def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer) -> None:

@@ -93,6 +93,7 @@ def test_every_network_fault_is_in_place_while_its_phase_requests_cross_the_link
     bad = []
     for label, d in _scenarios(offer):
         restarted = False  # l2_fault_inject restarts LMCache: L1 is empty after it
+        still_empty: set[str] = set()  # flushed beside a cut or trickle of the Redis link: not refilled
         for phase in d["phases"]:
             faults = phase.get("faults", [])
             for f in [f for f in faults if is_network(f)]:
@@ -110,11 +111,20 @@ def test_every_network_fault_is_in_place_while_its_phase_requests_cross_the_link
                     need = {t for t in offer.l2_tiers if t != "redis" and t not in damaged}
                     if not restarted:
                         need.add("l1")
+                    need -= still_empty
                     flushed = {t for g in faults if g["kind"] == "tier_flush" for t in g["tiers"]}
                     if not need <= flushed or "redis" in flushed:
                         bad.append(f"{where}: flushed {sorted(flushed)}, reads need {sorted(need)} emptied "
                                    "and Redis kept")
+                    if flushed & still_empty:
+                        # seed 9 scenario 1: the flush found nothing ("L1 held nothing at apply")
+                        bad.append(f"{where}: flushes {sorted(flushed & still_empty)} again, which an earlier "
+                                   "phase's flush left empty beside a fault on this link")
             restarted = restarted or any(f["kind"] == "l2_fault_inject" for f in faults)
+            if any(is_network(f) and f["link"] in offer.l2_links and (
+                    f["kind"] in ("link_down", "timeout", "reset_peer", "limit_data")
+                    or (f["kind"] == "bandwidth" and f["rate_kbps"] <= 200)) for f in faults):
+                still_empty |= {t for f in faults if f["kind"] == "tier_flush" for t in f["tiers"] if t != "engine"}
     assert bad == [], f"{len(bad)} on {offer.path.name}: {bad[:5]}"
 
 
