@@ -11,9 +11,12 @@ what one stack file offers, each valid by construction.
                    ─> 1-2 fault phases: 1-3 faults each, overlapping (several in one phase,
                       staggered starts) or in sequence (one phase after the other), each with a
                       start, `duration` or `until: end`, `after: requests` for some kills and
-                      pauses ─> recover (fewer requests)
+                      pauses; network faults and store/load windows from the phase's start
+                      until its requests end (:func:`_in_place_while_requests_run`)
+                      ─> recover (fewer requests)
         checks     recompute_equivalence, liveness, leaks, evidence; isolation with tenants;
-                   hit_quality on the hit phase
+                   hit_quality on the hit phase where the stack reports its requests' hits
+                   (:func:`_reports_hits`)
     ──> YAML file ──> chaos.scenario.loader.check_scenario (a file that does not validate is a
         bug of this module: tests/explore/test_generate.py counts them over many seeds)
 
@@ -46,6 +49,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from chaos.faults import registry
+from chaos.faults.network import BLOCKING_TOXICS, LinkParams
 from chaos.scenario.needs import need_met
 from chaos.stack.spec import load_stack
 
@@ -340,8 +344,43 @@ def _draw_fault(rng: random.Random, offer: StackOffer, kinds: list[str]) -> dict
             # no request meets a fault applied after the phase's requests: its window would be
             # unreachable (the loader warns); start it with the phase instead
             del fault["after"]
+        _in_place_while_requests_run(fault)
         return fault
     return None
+
+
+#: Fault kinds whose window is what the requests of their own phase do some time after they are
+#: sent: their L2 stores (disk_full) or their loads from a tier the fault emptied or broke (as
+#: tests/catalogue/test_catalogue.py ``_WINDOW_IS_THE_PHASES_STORES_OR_LOADS``).
+STORE_OR_LOAD_WINDOWS = frozenset({"disk_full", "tier_flush", "l2_corrupt", "l2_fault_inject"})
+
+
+def is_network(fault: dict[str, Any]) -> bool:
+    """The fault acts on a link of the stack (its kind's parameters are ``LinkParams``: a toxic
+    or ``link_down``)."""
+    return issubclass(registry.get(fault["kind"]).params_model, LinkParams)
+
+
+def _in_place_while_requests_run(fault: dict[str, Any]) -> None:
+    """A network fault, or one whose window is its phase's stores or loads, is in place from the
+    phase's start (``start: 0ms``: the phase's requests are sent once it is applied) until the
+    phase's requests are done (``until: end``), as the catalogue opens such windows
+    (scenarios/lookup-timeout.yaml, scenarios/l2-partial-read.yaml).
+
+    A start drawn 0.2-2 s into the phase, or a fixed 1-8 s ``duration``, was drawn with no regard
+    to when the requests use the link: in the 61 min exploration of the vLLM CPU stack (seed 4101,
+    docs/explore.md) 10 of 20 runs had a toxic in place while no byte crossed its link (runs 3,
+    15, 16: limit_data, latency, timeout "did not act"; signature 1's rerun: the 8 requests ended
+    1.17-1.31 s into the phase, the toxics came at 1.43 and 1.57 s), and a fixed ``disk_full``
+    is outrun by a slow host's stores (the catalogue's rule). The main stream's draws for the
+    timing are still made (so later draws are what they were); only their result is replaced.
+    Changes ``fault`` in place."""
+    if fault.get("after") == "requests" or not (is_network(fault) or fault["kind"] in STORE_OR_LOAD_WINDOWS):
+        return
+    fault.pop("duration", None)
+    if "start" in fault:
+        fault["start"] = "0ms"
+    fault["until"] = "end"
 
 
 # --- workload -----------------------------------------------------------------------------------
@@ -414,6 +453,10 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     phases: list[dict[str, Any]] = [{"name": "warm"}]
     hit_phase = (not drawn_prefix_caching and workload.get("turns", 1) == 1 and offer.has("engine.metrics")
                  and rng.random() < 0.5)
+    if hit_phase and offer.has("engine.cache_stats") and not offer.has("engine.cache_stats.stream"):
+        # the hit phase is there for hit_quality, which reads each request's cache accounting:
+        # this engine gives none for a streamed request (see _reports_hits)
+        workload["stream"] = False
     if hit_phase:
         phases.append({"name": "hit", "trigger": {"metric": "vllm:external_prefix_cache_hits_total",
                                                    "service": offer.engine or "engine", "grew_by": offer.chunk}})
@@ -427,12 +470,14 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             if fault is not None:
                 faults.append(fault)
         faults = [f for f in faults if _default_needs_met(offer, f, faults)]
+        faults = _no_toxic_behind_a_cut(faults)
         if (any(f["kind"] == "l2_corrupt" or f.get("link") in offer.l2_links for f in faults) and "tier_flush" in kinds
                 and not any(f["kind"] == "tier_flush" for f in faults) and rng.random() < 0.8):
             # L2 is read only for what L1 no longer holds: empty L1 first, or nothing reads
             # the corrupted objects or crosses the L2 link and the fault never acts (as
             # scenarios/l2-truncate.yaml)
             faults.insert(0, {"kind": "tier_flush", "tiers": ["l1"], "until": "end"})
+        _reads_cross_the_l2_link(offer, kinds, faults, phases)
         _slow_link_under_held_retrieve(rng, offer, faults)
         earlier = [f for ph in phases for f in ph.get("faults", [])]
         _aim_cancels(tune, offer, workload, faults, earlier)
@@ -447,9 +492,11 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         if faults:
             phase["faults"] = faults
             longest = max(longest, sum(_seconds(f.get("duration", "0ms")) for f in faults))
-        if faults and rng.random() < 0.2 and not any(f["kind"] == "cancel" for f in faults):
+        if (faults and rng.random() < 0.2 and not any(f["kind"] == "cancel" for f in faults)
+                and not any(is_network(f) for f in faults)):
             # (a cancel picks requests as they start: requests racing its window's opening
-            # start before it, and none is picked)
+            # start before it, and none is picked; a toxic added while the requests' first bytes
+            # already crossed its link misses them)
             phase["requests_start"] = "at_once"
         if (faults and rng.random() < 0.25 and all(f.get("after") != "requests" for f in faults)
                 and all(_basis(f) == "requests_from_apply" for f in faults)):
@@ -479,7 +526,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     if recovery:
         # at least one recover request hits LMCache again (a client that never reconnects: none)
         checks["hit_recovery"] = {"phases": ["recover"], "min_request_hit_rate": 0.01}
-    if hit_phase:
+    if hit_phase and _reports_hits(offer, workload):
         checks["hit_quality"] = {"phases": ["hit"], "stored_prefix_full_hit": True, "min_correct_hit_rate": 1.0}
     kinds_used = sorted({f["kind"] for ph in phases for f in ph.get("faults", [])})
     data: dict[str, Any] = {
@@ -495,6 +542,96 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         data["variables"] = variables
     data.update({"workload": workload, "phases": phases, "checks": checks})
     return data
+
+
+def _cuts(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Network fault ``a`` keeps every byte from network fault ``b`` while both are in place: a
+    ``link_down`` of its link, or a ``timeout`` / ``reset_peer`` on its link and stream (a toxic
+    after it in the chain sees only what it lets through: nothing; chaos/faults/network.py
+    ``BLOCKING_TOXICS``)."""
+    if a["link"] != b["link"]:
+        return False
+    if "link_down" in (a["kind"], b["kind"]):
+        return True
+    return a["kind"] in BLOCKING_TOXICS and a.get("stream") == b.get("stream")
+
+
+def _no_toxic_behind_a_cut(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """With every network fault in place for the whole phase (:func:`_in_place_while_requests_run`),
+    two on one link where one cuts the other's bytes leave the other with an empty window (its
+    run inconclusive: "did not act"). Both start with the phase, so which of them the chain puts
+    first is not something the file says: either order counts. Keep the first of such a pair in
+    file order (no draw). Returns the phase's faults without the later ones (1-2 % of phases
+    with a network fault over seeds 0-199 of the reference and vLLM CPU stacks)."""
+    kept: list[dict[str, Any]] = []
+    for f in faults:
+        if is_network(f) and any(is_network(g) and (_cuts(g, f) or _cuts(f, g)) for g in kept):
+            continue
+        kept.append(f)
+    return kept
+
+
+def _reports_hits(offer: StackOffer, workload: dict[str, Any]) -> bool:
+    """The stack gives the per-request cache accounting hit_quality reads for this workload's
+    requests, so the check can be decided: hit_quality counts only requests with
+    ``cached_token_stats`` (chaos/checks/hits.py ``looked_up`` None without them) and is
+    ``unknown`` below ``min_requests`` of them (chaos/checks/hit_quality.py). Needs
+    ``engine.cache_stats``, and ``engine.cache_stats.stream`` when any request streams (vLLM
+    0.32: none of a streamed completion's events carries kv_transfer_params; the vLLM CPU
+    exploration's runs 2, 7, 9 left hit_quality undecided so)."""
+    if not offer.has("engine.cache_stats"):
+        return False
+    return workload.get("stream") is False or offer.has("engine.cache_stats.stream")
+
+
+def _holds_l2_reads(fault: dict[str, Any], offer: StackOffer) -> bool:
+    """A network fault on an L2 link that keeps reads through it from completing while its phase
+    runs: a cut (``link_down``, ``timeout``, ``reset_peer``, ``limit_data``) or a trickle of at
+    most 200 KB/s (a 2 MiB chunk takes 10 s or more). A latency or slicer only delays them: the
+    reads complete and refill L1."""
+    if not is_network(fault) or fault["link"] not in offer.l2_links:
+        return False
+    if fault["kind"] == "bandwidth":
+        return fault["rate_kbps"] <= 200
+    return fault["kind"] in ("link_down", "timeout", "reset_peer", "limit_data")
+
+
+def _reads_cross_the_l2_link(offer: StackOffer, kinds: list[str], faults: list[dict[str, Any]],
+                             earlier: list[dict[str, Any]]) -> None:
+    """A network fault on a link to an L2 server (Redis) acts only on what crosses it: LMCache
+    reads that tier only for what L1 and the other L2 tier (fs) no longer hold. Such a phase
+    flushes L1 and the other tiers first, with the toxic in place from the phase's start
+    (scenarios/l2-partial-read.yaml: a flush of l1 and fs, then ``limit_data`` on lmcache-redis
+    ``until: end``). An existing flush of the phase gets the missing tiers, and loses the tier
+    behind the link (a flushed Redis leaves nothing to read through it).
+
+    A tier an earlier phase flushed beside a fault that held the reads through that link
+    (:func:`_holds_l2_reads`) stays empty: nothing refilled it in that whole phase, and a flush
+    that finds nothing did not act (seed 9 scenario 1 on the reference stack, 2026-12-07: a 20 KB/s upstream
+    ``bandwidth`` on lmcache-redis in fault-1, then fault-2's flush: "L1 held nothing at apply",
+    "no object file" in fs, the run inconclusive). Such tiers are left out of this phase's flush
+    (the flush is dropped when none is left). Changes ``faults`` in place (no draw: the
+    scenario's other draws are unchanged)."""
+    on_l2 = [f for f in faults if is_network(f) and f["link"] in offer.l2_links]
+    if not on_l2 or "tier_flush" not in kinds:
+        return
+    still_empty: set[str] = set()
+    for ph in earlier:
+        before = ph.get("faults", [])
+        if any(_holds_l2_reads(f, offer) for f in before):
+            # (not the engine's prefix cache: the engine refills it with what it computes)
+            still_empty |= {t for f in before if f["kind"] == "tier_flush" for t in f["tiers"] if t != "engine"}
+    need = [t for t in ("l1", *offer.l2_tiers) if t != "redis" and t not in still_empty]
+    flush = next((f for f in faults if f["kind"] == "tier_flush"), None)
+    if flush is None:
+        if need:
+            faults.insert(0, {"kind": "tier_flush", "tiers": need, "until": "end"})
+        return
+    tiers = sorted((set(flush["tiers"]) | set(need)) - {"redis"} - still_empty)
+    if tiers:
+        flush["tiers"] = tiers
+    else:
+        faults.remove(flush)
 
 
 def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer) -> None:
@@ -649,10 +786,12 @@ def _stores_for_store_stalls(offer: StackOffer, workload: dict[str, Any], faults
             f["point"] = "before_lookup"
 
 
-def _needs_a_load(fault: dict[str, Any]) -> bool:
-    """The fault acts only on a retrieve from LMCache (a load after a positive lookup)."""
+def _needs_a_load(fault: dict[str, Any], offer: StackOffer) -> bool:
+    """The fault acts only on a retrieve from LMCache (a load after a positive lookup; a fault
+    on an L2 link: a read from that tier)."""
     return (fault["kind"] == "retrieve_fail" or (fault["kind"] == "stall" and fault["point"] == "before_retrieve")
-            or (fault["kind"] == "cancel" and fault.get("state") == "load"))
+            or (fault["kind"] == "cancel" and fault.get("state") == "load")
+            or (is_network(fault) and fault["link"] in offer.l2_links))
 
 
 def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any], faults: list[dict[str, Any]]) -> None:
@@ -662,7 +801,7 @@ def _loads_past_the_engine_prefix_cache(offer: StackOffer, engine: dict[str, Any
     each beside the prefix cache). Such a phase flushes the engine's prefix cache first (the
     pairing of L2 faults with an L1 flush); a stack that cannot flush it gets no prefix cache.
     Changes ``faults`` and ``engine`` in place."""
-    if not engine.get("prefix_caching") or not any(_needs_a_load(f) for f in faults):
+    if not engine.get("prefix_caching") or not any(_needs_a_load(f, offer) for f in faults):
         return
     if any(f["kind"] == "tier_flush" and "engine" in f["tiers"] for f in faults):
         return

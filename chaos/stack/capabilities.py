@@ -47,6 +47,10 @@ CAPABILITIES: dict[str, str] = {
                                  "prefix cache (vLLM: needs VLLM_SERVER_DEV_MODE=1)",
     "engine.cache_stats": "per-request cache accounting in the completion "
                           "(kv_transfer_params.cached_token_stats: local and LMCache hit tokens)",
+    "engine.cache_stats.stream": "the same accounting in streamed completions too (the last SSE "
+                                 "event's kv_transfer_params); vLLM 0.32's streamed completions "
+                                 "carry no kv_transfer_params (CompletionStreamResponse has no such "
+                                 "field), so hit checks of its streamed requests stay undecided",
     "engine.cache_salt": "the completions API takes cache_salt and keys both caches on it",
     "engine.logprobs": "the completions API returns top-k logprobs per generated token, tokens "
                        "spelled token_id:N (vLLM's return_tokens_as_token_ids)",
