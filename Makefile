@@ -39,21 +39,25 @@ setup-vllm: setup
 	bash scripts/setup-vllm.sh
 
 ## The vLLM tier (the last stage of `make test`): the tests of the vLLM stack (tests/vllm, but
-## the zoo's, which `make vllm-nightly` covers), then scenarios that pass on the clean vLLM CPU
-## stack, on one shared stack (a vLLM stack starts in 1-4 minutes here), and lookup-timeout,
-## XFAIL there only (xfail.stacks: LMCache's vLLM connector drops END_SESSION and lock frees
-## after a late LOOKUP, docs/findings/end-session-dropped-on-late-ack.md); then vllm-tier-bugs.
+## the zoo's, which `make vllm-nightly` covers), then one `kvchaos zoo` on one vLLM stack (a
+## vLLM start is 1-4 minutes here): VLLM_SUITE on the clean engine (--also-clean: each judged as
+## `kvchaos run` judges it, exit 0; lookup-timeout is XFAIL there only, xfail.stacks: LMCache's
+## vLLM connector drops END_SESSION and lock frees after a late LOOKUP,
+## docs/findings/end-session-dropped-on-late-ack.md), and the two planted bugs of
+## vllm-tier-bugs against the scenarios meant to catch them: exit 0 only when both are caught
+## and the clean engine passes every scenario. The cells run in the order that restarts the
+## stack least (chaos/campaign.py one_pool_order: 5 starts and restarts, where `kvchaos run` of
+## the suite then the zoo in a second process made 7).
 VLLM_SUITE ?= scenarios/smoke.yaml scenarios/l2-partial-read.yaml scenarios/node-exit-lmcache.yaml scenarios/tenant-isolation.yaml scenarios/preemption.yaml scenarios/lookup-timeout.yaml
 vllm-tier: setup-vllm
-	$(PY) -m pytest -q -p no:cacheprovider -m vllm tests/vllm -k "not zoo" --deselect tests/vllm/test_compose_image.py
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm -n 2 tests/vllm -k "not zoo" --deselect tests/vllm/test_compose_image.py
 	rm -rf reports/vllm-tier
-	$(KVCHAOS) run --stack compose/vllm-cpu.yml --report-dir reports/vllm-tier $(VLLM_SUITE)
-	$(MAKE) vllm-tier-bugs
+	$(KVCHAOS) zoo --stack compose/vllm-cpu.yml $(VLLM_TIER_BUGS) $(addprefix --also-clean ,$(VLLM_SUITE)) --out reports/vllm-tier --report-dir reports/vllm-tier
 
 ## Two planted bugs of the vLLM stack (chaos/vllm/bugs.py: wrappers of LMCache's vLLM connector)
 ## against the scenarios meant to catch them, with the clean engine on the same scenarios: exit 0
-## only when both are caught and the clean engine passes (a second stack start, an engine
-## restart per bug).
+## only when both are caught and the clean engine passes (a stack start, an engine restart per
+## bug). `make vllm-tier` runs them with its suite on one stack.
 VLLM_TIER_BUGS ?= --bug hit-plus-one-chunk --bug drop-cache-salt
 vllm-tier-bugs: setup-vllm
 	rm -rf reports/vllm-tier-bugs
@@ -122,7 +126,7 @@ test: setup
 ## The last stage of `make test`, two halves side by side (-j2): the vLLM tier mostly waits
 ## (vLLM start-up, fault windows; its CPU was 50% idle alone), and the comparison and explore
 ## smoke fill that. They share no files (reports/chaos-bundled and reports/chaos-real are only
-## read, by the comparison; reports/explore-smoke, reports/vllm-tier and reports/vllm-tier-bugs
+## read, by the comparison; reports/explore-smoke and reports/vllm-tier
 ## are each one half's own), their stacks claim ports host-wide, and the memory adds up to about
 ## 10.5 GiB (the vLLM stack about 7.3 GB, explore's one reference stack about 3 GiB). Each half
 ## prints its own time; a failure of either fails the stage (make waits for the other half).

@@ -146,6 +146,10 @@ class ZooMatrix:
             (chaos/diagnose), e.g. ``"kv_content (zero) x3"``, same keys as ``cells``.
         shrunk: the cell's shrunk reproducer (``--shrink``): ``{"requests", "phases",
             "run_seconds", "shrink_seconds", "verified", "reruns", "path"}``.
+        strict_clean: scenarios whose clean cell must also have the exit code 0 of `kvchaos
+            run` (``--also-clean``): stricter than the cell for an xfail scenario, whose
+            inconclusive run is an "xfail" cell but exit 4.
+        exit_codes: each run's exit code as `kvchaos run` gives it, same keys as ``cells``.
     """
 
     rows: list[str]
@@ -157,16 +161,21 @@ class ZooMatrix:
     equivalence: dict[str, dict[str, dict]] = field(default_factory=dict)
     diagnoses: dict[str, dict[str, str]] = field(default_factory=dict)
     shrunk: dict[str, dict[str, dict]] = field(default_factory=dict)
+    strict_clean: list[str] = field(default_factory=list)
+    exit_codes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def cell(self, row: str, column: str) -> Cell:
         """The cell at (row, column), "-" when that pair was not run."""
         return self.cells.get(row, {}).get(column, "-")
 
     def set(self, row: str, column: str, cell: Cell, seconds: float | None = None,
-            run: str | None = None, failed_checks: list[str] | None = None) -> None:
-        """Record one run's cell (and, optionally, its time in s, report folder and the names
-        of the checks that did not pass)."""
+            run: str | None = None, failed_checks: list[str] | None = None,
+            exit_code: int | None = None) -> None:
+        """Record one run's cell (and, optionally, its time in s, report folder, the names
+        of the checks that did not pass and its `kvchaos run` exit code)."""
         self.cells.setdefault(row, {})[column] = cell
+        if exit_code is not None:
+            self.exit_codes.setdefault(row, {})[column] = exit_code
         if failed_checks is not None:
             self.failed_checks.setdefault(row, {})[column] = sorted(failed_checks)
         if seconds is not None:
@@ -180,8 +189,11 @@ class ZooMatrix:
                 and not any(c == "caught" for c in self.cells.get(r, {}).values())]
 
     def clean_failures(self) -> list[str]:
-        """Scenarios the clean engine did not pass (failed, inconclusive or error)."""
-        return [s for s, c in self.cells.get(CLEAN, {}).items() if c not in ("passed", "xfail", "xpass")]
+        """Scenarios the clean engine did not pass (failed, inconclusive or error), and those
+        of ``strict_clean`` whose run's exit code was not 0."""
+        codes = self.exit_codes.get(CLEAN, {})
+        return [s for s, c in self.cells.get(CLEAN, {}).items()
+                if c not in ("passed", "xfail", "xpass") or (s in self.strict_clean and codes.get(s, 0) != 0)]
 
     def exit_code(self) -> int:
         """0 when every planted bug row is caught by some scenario and the clean engine passes
@@ -200,6 +212,8 @@ class ZooMatrix:
             "equivalence": self.equivalence,
             "diagnoses": self.diagnoses,
             "shrunk": self.shrunk,
+            "strict_clean": self.strict_clean,
+            "exit_codes": self.exit_codes,
             "escaped": self.escaped(),
             "clean_failures": self.clean_failures(),
             "exit_code": self.exit_code(),
@@ -238,6 +252,8 @@ class ZooMatrix:
         lines += self._diagnosis_lines()
         esc, bad = self.escaped(), self.clean_failures()
         lines.append(f"Escaped planted bugs: {', '.join(esc) if esc else 'none'}.")
+        if self.strict_clean:
+            lines.append(f"Clean engine judged as `kvchaos run` (exit 0 too): {', '.join(self.strict_clean)}.")
         lines.append(f"Clean engine not passing: {', '.join(bad) if bad else 'none'}.")
         lines.append(f"Exit code: {self.exit_code()}.")
         return "\n".join(lines) + "\n"
@@ -380,7 +396,7 @@ def _record(matrix: ZooMatrix, row: str, scenario, result, run_dir: Path, elapse
     cell = cell_for(result.verdict, planted=row != CLEAN,
                     xfail=result.xfail is not None and not result.xfail.unexpected, error=result.error is not None)
     failing = [c.name for c in result.checks if c.verdict != "passed"]
-    matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing)
+    matrix.set(row, scenario.name, cell, elapsed, str(run_dir), failed_checks=failing, exit_code=result.exit_code)
     rates = equivalence_rates(result)
     if rates is not None:
         matrix.equivalence.setdefault(row, {})[scenario.name] = rates
@@ -397,9 +413,11 @@ def _run_zoo_parallel(scenario_paths: list[Path], plan: dict[str, list[str]], ma
     """The zoo's cells as one campaign (chaos/campaign.py) over ``jobs`` workers, each with its
     own stack pool: a cell whose run left something held or disrupted a process gets a fresh
     stack (the pool's rule, stronger than the serial zoo's restart of what holds something).
-    Caught cells are shrunk afterwards, one at a time, on a pool of their own."""
+    With one worker the cells run in :func:`chaos.campaign.one_pool_order` (rows mixed: the
+    fewest engine restarts). Caught cells are shrunk afterwards, one at a time, on a pool of
+    their own."""
     from chaos import interrupts
-    from chaos.campaign import run_campaign
+    from chaos.campaign import one_pool_order, run_campaign
     from chaos.diagnose.hook import diagnose_after_checks
     from chaos.runner.stacks import StackPool
     from chaos.runner.suite import SuiteOptions, load_and_validate
@@ -411,6 +429,8 @@ def _run_zoo_parallel(scenario_paths: list[Path], plan: dict[str, list[str]], ma
             if scenario.name in names:
                 scenario.engine.bugs = [] if row == CLEAN else [row]
                 cells.append((row, scenario))
+    if jobs == 1:
+        cells = [cells[i] for i in one_pool_order([sc for _row, sc in cells])]
     opts = SuiteOptions(backend=backend, report_dir=report_dir, timeout_s=timeout_s, run_id_prefix="zoo-",
                         after_checks=diagnose_after_checks)
     say(f"{len(cells)} cells over {jobs} workers")
@@ -448,10 +468,10 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
             backend: str = "local", timeout_s: float = 600.0, shrink_budget_s: float | None = None,
             say: Callable[[str], None] = lambda _m: None, coverage: object | None = None,
             numerics: str | None = None, equivalence: str | None = None,
-            stack: Path | None = None, jobs: int = 1) -> ZooMatrix:
-    """Run the plan on one stack pool and fill the matrix (with ``jobs`` > 1: as a campaign over
-    that many workers, each with its own stacks; not with ``coverage``, which measures one
-    engine process).
+            stack: Path | None = None, jobs: int = 1, strict_clean: Iterable[str] = ()) -> ZooMatrix:
+    """Run the plan on one stack pool and fill the matrix (with ``jobs`` > 1 or ``strict_clean``:
+    as a campaign over that many workers, each with its own stacks, the pool's isolation rule
+    of `kvchaos run`; not with ``coverage``, which measures one engine process).
 
     Each row reloads its scenarios (the runner mutates them) and overrides ``engine.bugs`` with
     the row's bug (``[]`` for ``CLEAN``), keeping each scenario's seed and other engine options.
@@ -472,10 +492,12 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
         stack: run every scenario on this stack file instead of its own (its planted bugs are
             the set :func:`bug_set` names).
         jobs: worker processes (chaos/campaign.py); 1: this process, one pool.
+        strict_clean: scenarios whose clean cell must also exit 0 as `kvchaos run` would
+            (:attr:`ZooMatrix.strict_clean`, ``--also-clean``).
 
     Raises:
         ConfigError: a scenario file is invalid.
-        ValueError: ``jobs`` > 1 with ``coverage``.
+        ValueError: ``jobs`` > 1 or ``strict_clean`` with ``coverage``.
         RunInterrupted: SIGINT / SIGTERM; ``.results`` is ``[the partial matrix]``.
     """
     from chaos.diagnose.hook import diagnose_after_checks
@@ -489,10 +511,10 @@ def run_zoo(scenario_paths: list[Path], plan: dict[str, list[str]], *, report_di
     overrides = {"numerics": numerics, "equivalence": equivalence}
     stack_file = stack  # `stack` below is each cell's running stack
     columns = [s.name for s in load_and_validate(scenario_paths, stack_file, **overrides)]
-    matrix = ZooMatrix(rows=list(plan), columns=columns)
-    if jobs > 1:
+    matrix = ZooMatrix(rows=list(plan), columns=columns, strict_clean=[c for c in columns if c in set(strict_clean)])
+    if jobs > 1 or matrix.strict_clean:
         if coverage is not None:
-            raise ValueError("--jobs > 1 cannot measure coverage (one engine process records it)")
+            raise ValueError("--jobs > 1 and --also-clean cannot measure coverage (one engine process records it)")
         return _run_zoo_parallel(scenario_paths, plan, matrix, report_dir=report_dir, backend=backend,
                                  timeout_s=timeout_s, shrink_budget_s=shrink_budget_s, say=say,
                                  overrides=overrides, jobs=jobs, stack_file=stack_file)
@@ -621,6 +643,10 @@ def zoo(
                                         "control runs)"),
     jobs: str = typer.Option("1", "--jobs", "-j", help="cells run at once, each worker with its own stacks "
                              "(a number or auto: chaos/campaign.py default_jobs); not with --coverage"),
+    also_clean: list[Path] = typer.Option(None, "--also-clean", help="also run this scenario file on the "
+                                          "clean engine only (repeatable), judged as `kvchaos run` judges "
+                                          "it (exit 0), on the zoo's stacks (one stack start for a suite and "
+                                          "the bugs); not with --coverage"),
 ) -> None:
     """Run the catalogue against the clean reference engine and each planted ``--bug``.
 
@@ -628,7 +654,8 @@ def zoo(
     and OUT/matrix.* is the last run's plus the comparison). Exit codes: 0 every planted bug was
     caught by some scenario, the clean engine passed every scenario, and repeated runs gave the
     same matrix (cells); 1 otherwise; 2 bad arguments or an invalid scenario
-    file.
+    file. An ``--also-clean`` scenario's clean cell passes only when its run would exit 0
+    under `kvchaos run` (the zoo's own clean cells accept an xfail scenario's inconclusive run).
     """
     from chaos.scenario.loader import discover_scenarios
     from chaos.runner.suite import load_and_validate
@@ -659,8 +686,9 @@ def zoo(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if workers > 1 and coverage_dir is not None:
-        typer.echo("error: --jobs > 1 cannot be combined with --coverage (one engine process records it)", err=True)
+    if (workers > 1 or also_clean) and coverage_dir is not None:
+        typer.echo("error: --jobs > 1 and --also-clean cannot be combined with --coverage (one engine process "
+                   "records it)", err=True)
         raise typer.Exit(2)
     if numerics not in (None, "exact", "batch-dependent") or equivalence not in (None, "exact", "tolerant"):
         typer.echo("error: --numerics must be exact or batch-dependent, --equivalence exact or tolerant", err=True)
@@ -673,12 +701,14 @@ def zoo(
             raise ValueError(f"--exclude names unknown scenario(s) {sorted(skip - set(catalogue))}")
         paths = [p for p, n in zip(paths, catalogue) if n not in skip]
         catalogue = [n for n in catalogue if n not in skip]
+        extra = _also_clean(also_clean or [], paths, catalogue, numerics=numerics, equivalence=equivalence)
         if stack is not None and names is None and not full:
             # A stack of its own (vLLM: minutes a cell): the clean row runs what the map names.
-            mapped = {n for b in chosen_bugs for n in zoo_map.get(b, [])}
+            mapped = {n for b in chosen_bugs for n in zoo_map.get(b, [])} | set(extra)
             paths = [p for p, n in zip(paths, catalogue) if n in mapped]
             catalogue = [n for n in catalogue if n in mapped]
         plan = plan_rows(catalogue, chosen_bugs, full=full, scenarios=names, zoo_map=zoo_map)
+        plan[CLEAN] = [n for n in catalogue if n in set(plan[CLEAN]) | set(extra)]
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
@@ -692,15 +722,38 @@ def zoo(
     try:
         _zoo_runs(paths, plan, catalogue, report_dir, backend, timeout, repeat, out,
                   coverage_dir=coverage_dir, shrink_budget_s=shrink_budget if shrink else None,
-                  numerics=numerics, equivalence=equivalence, stack=stack, jobs=workers)
+                  numerics=numerics, equivalence=equivalence, stack=stack, jobs=workers, strict_clean=extra)
     finally:
         interrupts.exit_on_signal()  # the zoo is over: a signal now only sets the exit code
+
+
+def _also_clean(files: list[Path], paths: list[Path], catalogue: list[str], *, numerics: str | None,
+                equivalence: str | None) -> list[str]:
+    """The names of ``--also-clean``'s scenario files; one outside the catalogue folder is added
+    to ``paths`` and ``catalogue`` (both changed in place).
+
+    Raises:
+        ConfigError: a file is invalid. ValueError: a name another file of the catalogue has.
+    """
+    from chaos.runner.suite import load_and_validate
+
+    names = []
+    for f, sc in zip(files, load_and_validate(list(files), numerics=numerics, equivalence=equivalence)):
+        if sc.name not in catalogue:
+            paths.append(f)
+            catalogue.append(sc.name)
+        elif Path(paths[catalogue.index(sc.name)]).resolve() != Path(f).resolve():
+            raise ValueError(f"--also-clean {f}: its scenario {sc.name!r} is another file's in the catalogue "
+                             f"({paths[catalogue.index(sc.name)]})")
+        names.append(sc.name)
+    return names
 
 
 def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str], report_dir: Path,
               backend: str, timeout: float, repeat: int, out: Path, *, coverage_dir: Path | None = None,
               shrink_budget_s: float | None = None, numerics: str | None = None,
-              equivalence: str | None = None, stack: Path | None = None, jobs: int = 1) -> None:
+              equivalence: str | None = None, stack: Path | None = None, jobs: int = 1,
+              strict_clean: list[str] | None = None) -> None:
     from chaos import interrupts
 
     matrices: list[ZooMatrix] = []
@@ -717,7 +770,7 @@ def _zoo_runs(paths: list[Path], plan: dict[str, list[str]], catalogue: list[str
                 matrix = run_zoo(paths, plan, report_dir=report_dir, backend=backend, timeout_s=timeout,
                                  shrink_budget_s=shrink_budget_s, say=lambda m: typer.echo(m, err=True),
                                  coverage=measure, numerics=numerics, equivalence=equivalence, stack=stack,
-                                 jobs=jobs)
+                                 jobs=jobs, strict_clean=strict_clean or ())
                 matrices.append(matrix)
                 if repeat > 1:
                     matrix.write(out / f"run-{k}")

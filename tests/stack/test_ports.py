@@ -95,6 +95,41 @@ def test_picked_ports_lie_below_the_ephemeral_range():
         ports.release(picked, "stack:pick")
 
 
+def _default_ports(stack_file: Path) -> dict[str, int]:
+    """``{VARIABLE: default}`` of every ``${NAME_PORT:-N}`` in a stack file."""
+    import re
+
+    found: dict[str, set[int]] = {}
+    for name, port in re.findall(r"\$\{([A-Z0-9_]*PORT):-(\d+)\}", stack_file.read_text()):
+        found.setdefault(name, set()).add(int(port))
+    assert all(len(v) == 1 for v in found.values()), f"{stack_file.name}: one variable, two defaults: {found}"
+    return {name: v.pop() for name, v in found.items()}
+
+
+SHIPPED_STACKS = sorted((REPO / "compose").glob("*.yml"))
+
+
+@pytest.mark.parametrize("stack_file", SHIPPED_STACKS, ids=lambda p: p.name)
+def test_every_default_port_of_a_shipped_stack_lies_outside_the_ephemeral_range(stack_file):
+    """The input that showed it: compose/vllm-cpu.yml's defaults were 35555-39090, inside this
+    host's ephemeral range (32768-60999), and LMCache restarted by `kvchaos explore` found its
+    HTTP port 38080 held as a connection's source port ("[Errno 98] ... address already in use",
+    docs/explore.md run 4). The range is this host's, read from /proc."""
+    low, high = ports.ephemeral_range()
+    defaults = _default_ports(stack_file)
+    assert defaults, f"{stack_file.name} has no default port"
+    inside = {name: port for name, port in defaults.items() if low <= port <= high}
+    assert inside == {}, f"{stack_file.name}: defaults in the ephemeral range {low}-{high}: {inside}"
+
+
+def test_the_stacks_of_this_host_have_disjoint_default_ports():
+    """The reference stack and the vLLM CPU stack run side by side here (`make test`'s last
+    stage: the explore smoke beside the vLLM tier): no default of one is the other's."""
+    reference = set(_default_ports(REFERENCE).values())
+    vllm_cpu = set(_default_ports(REPO / "compose" / "vllm-cpu.yml").values())
+    assert reference & vllm_cpu == set()
+
+
 # An HTTP server that answers 200 on every path: a stand-in for another stack's engine.
 IMPOSTOR = ("import http.server, sys\n"
             "class H(http.server.BaseHTTPRequestHandler):\n"

@@ -1,7 +1,9 @@
 """Store KV into an LMCache MP server the way vLLM CPU does, for tests/vllm/test_diagnose_reader.py
 (run with the vLLM venv's Python from the repository root, never collected by pytest).
 
-    python tests/vllm/cpu_attn_store.py URL MODEL BLOCK_SIZE TOKENS OUT
+    python tests/vllm/cpu_attn_store.py URL MODEL BLOCK_SIZE TOKENS OUT [MODEL BLOCK_SIZE TOKENS OUT ...]
+
+(several stores in one process: importing vLLM, torch and LMCache takes most of its time.)
 
 The paged KV is vLLM CPU's own: per layer ``[blocks, kv heads, block size, 2 x head size]``
 (vLLM's logical ``[B, H, N, C]``, layout ``LBHNC``), filled by vLLM's own cache-write kernel
@@ -75,4 +77,8 @@ def main(url: str, model: str, block_size: int, tokens: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    args = sys.argv[2:]
+    if not args or len(args) % 4:
+        raise SystemExit(__doc__)
+    for i in range(0, len(args), 4):
+        main(sys.argv[1], args[i], int(args[i + 1]), int(args[i + 2]), args[i + 3])

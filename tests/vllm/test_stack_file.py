@@ -75,5 +75,5 @@ def test_default_pool_and_connector_config(tmp_path):
     assert "--no-enable-prefix-caching" in engine and "--no-enable-prefix-caching" in twin
     cfg = json.loads(_last(engine, "--kv-transfer-config"))
     assert cfg["kv_connector"] == "LMCacheMPConnector" and cfg["kv_role"] == "kv_both"
-    assert cfg["kv_connector_extra_config"]["lmcache.mp.port"] == 35556  # the engine-lmcache link
+    assert cfg["kv_connector_extra_config"]["lmcache.mp.port"] == 23556  # the engine-lmcache link
     assert "--enable-prefix-caching" in _argv("engine", tmp_path, KVCHAOS_ENGINE_PREFIX_CACHING="--enable-prefix-caching")
