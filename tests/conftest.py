@@ -159,14 +159,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     result = yield
     if not _REFERENCE_POOLS:
         return result
-    from pathlib import Path
-
     from file_durations import REFERENCE_POOL_FILES, file_of
 
     if nextitem is not None and file_of(nextitem.nodeid) in REFERENCE_POOL_FILES:
         return result
     for pool in _REFERENCE_POOLS:
-        pool.keep_only(Path("/dev/null/no-stack-file"))  # every stack down, the pool's state with it
+        pool.keep_only(None)  # every stack down, the pool's state with it
         pool.raise_teardown_errors()
     return result
 

@@ -347,15 +347,16 @@ class StackPool:
         elif wrong:
             self._engine_dirty.add(key)
 
-    def keep_only(self, stack_file: Path) -> list[Path]:
-        """Bring down every stack of the pool but ``stack_file``'s (unless ``keep``), so that a
-        campaign worker moving to another stack file holds one stack at a time (its memory is
-        what :func:`chaos.campaign.default_jobs` counts). Returns the stack files brought down.
-        Signals are held until it is done, as in :meth:`close`; what a teardown could not undo is
-        raised by :meth:`close`."""
+    def keep_only(self, stack_file: Path | None) -> list[Path]:
+        """Bring down every stack of the pool but ``stack_file``'s (None: every stack; unless
+        ``keep``), so that a campaign worker moving to another stack file holds one stack at a
+        time (its memory is what :func:`chaos.campaign.default_jobs` counts), and the pool stays
+        usable (a later acquire starts afresh). Returns the stack files brought down. Signals are
+        held until it is done, as in :meth:`close`; what a teardown could not undo is raised by
+        :meth:`close` or :meth:`raise_teardown_errors`."""
         if self.keep:
             return []
-        key = Path(stack_file).resolve()
+        key = Path(stack_file).resolve() if stack_file is not None else None
         gone = [k for k in self._stacks if k != key]
         with interrupts_deferred():
             for k in gone:

@@ -275,3 +275,20 @@ def test_a_disrupted_stack_restarts_its_recompute_oracle_too_when_it_may_be_touc
             assert second["witness"] == first["witness"]  # kept: nothing named it, it rests on nothing
     finally:
         pool.close()
+
+
+def test_keep_only_none_brings_every_stack_down_and_the_pool_starts_afresh_after(tmp_path):
+    """tests/conftest.py's session pool brings its stacks down between runs of its files with
+    ``keep_only(None)`` (it used a stack-file path that could not exist for that)."""
+    marker = tmp_path / "may-start"
+    marker.touch()
+    stack_file = starts_once_allowed(tmp_path, marker)
+    pool = StackPool("local", tmp_path / "stacks")
+    try:
+        first = pool.acquire(stack_file)
+        assert pool.keep_only(None) == [stack_file.resolve()]
+        assert first.status()["web"].state != "running"
+        again = pool.acquire(stack_file)
+        assert again is not first and again.status()["web"].state == "running"
+    finally:
+        pool.close()
