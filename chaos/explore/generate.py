@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from chaos.faults import registry
+from chaos.faults import STORE_OR_LOAD_WINDOWS, registry
 from chaos.faults.network import BLOCKING_TOXICS, LinkParams
 from chaos.scenario.needs import need_met
 from chaos.stack.spec import load_stack
@@ -347,12 +347,6 @@ def _draw_fault(rng: random.Random, offer: StackOffer, kinds: list[str]) -> dict
         _in_place_while_requests_run(fault)
         return fault
     return None
-
-
-#: Fault kinds whose window is what the requests of their own phase do some time after they are
-#: sent: their L2 stores (disk_full) or their loads from a tier the fault emptied or broke (as
-#: tests/catalogue/test_catalogue.py ``_WINDOW_IS_THE_PHASES_STORES_OR_LOADS``).
-STORE_OR_LOAD_WINDOWS = frozenset({"disk_full", "tier_flush", "l2_corrupt", "l2_fault_inject"})
 
 
 def is_network(fault: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.faults import STORE_OR_LOAD_WINDOWS
 from chaos.runner.suite import load_and_validate
 from chaos.scenario.loader import discover_scenarios, load_scenario
 
@@ -110,12 +111,6 @@ def test_no_program_text_in_yaml(path: Path) -> None:
     assert "kind: hook" not in text, f"{path.name}: use a fault kind (tier_flush, retrieve_fail, ...) instead"
 
 
-#: Fault kinds whose window is what the requests of their own phase do some time after they are
-#: sent: their L2 stores (disk_full) or their loads from a tier the fault emptied or broke
-#: (tier_flush, l2_corrupt, l2_fault_inject).
-_WINDOW_IS_THE_PHASES_STORES_OR_LOADS = {"disk_full", "tier_flush", "l2_corrupt", "l2_fault_inject"}
-
-
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_a_store_or_load_window_lasts_as_long_as_the_phases_requests(path: Path) -> None:
     """A fault whose window is the stores or loads of its own phase's requests, in a phase that
@@ -132,7 +127,7 @@ def test_a_store_or_load_window_lasts_as_long_as_the_phases_requests(path: Path)
         if not s.phase_requests(phase):
             continue  # a phase that sends nothing: its window is a later phase's (the fault's trigger says)
         for fault in phase.faults:
-            if fault.kind in _WINDOW_IS_THE_PHASES_STORES_OR_LOADS and fault.after == "phase_start":
+            if fault.kind in STORE_OR_LOAD_WINDOWS and fault.after == "phase_start":
                 assert fault.until == "end", (
                     f"{path.name}: phase {phase.name}: fault {fault.name or fault.kind} ({fault.kind}) lasts a "
                     f"fixed {fault.duration} s, which the phase's requests can outlast on a slow host "
