@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -185,6 +186,9 @@ def _unmount(entry: dict[str, Any]) -> str | None:
 
 def _remove_file(entry: dict[str, Any]) -> str | None:
     p = Path(entry["path"])
+    if p.is_dir() and not p.is_symlink():  # a stack's socket folder (chaos/stack/spec.py socket_dir)
+        shutil.rmtree(p)
+        return f"removed {p}"
     if p.exists():
         p.unlink()
         return f"removed {p}"

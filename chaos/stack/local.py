@@ -38,7 +38,7 @@ from chaos.stack.environment import service_environment
 from chaos.stack.mounts import unmount_all
 from chaos.stack.ports import release_all
 from chaos.stack.probe import group_pids, probe, probe_url_of
-from chaos.stack.spec import Service, StackSpec, load_stack, port_owner
+from chaos.stack.spec import Service, StackSpec, load_stack, port_owner, socket_dir
 
 #: How long ``kill(..., "SIGKILL")`` waits for the process group to disappear (s).
 KILL_WAIT_S = 10.0
@@ -121,7 +121,8 @@ class LocalStack(Stack):
     Args:
         path: the stack file.
         run_dir: scratch folder (logs, state, ``${KVCHAOS_RUN_DIR}``); a new folder under the
-            state directory when None.
+            state directory when None. ``${KVCHAOS_SOCKET_DIR}``, a short folder for Unix
+            sockets, is removed at :meth:`down` when the file reads it.
         environ: base variables (``os.environ`` when None).
         run_id: names the journal; derived from the file name when None.
         journal: an existing journal to record into (the runner's), else a new one.
@@ -150,6 +151,9 @@ class LocalStack(Stack):
         # The ports picked for this stack stay claimed while the object lives (also across
         # down/up, when a suite restarts it), and are released with it or with the process.
         self._port_owner = port_owner(self.run_dir)
+        #: ``${KVCHAOS_SOCKET_DIR}`` when a service reads it (chaos/stack/spec.py socket_dir)
+        self._socket_dir = (socket_dir(self.run_dir) if "KVCHAOS_SOCKET_DIR" in self.spec.variables_read
+                            else None)
         weakref.finalize(self, release_all, self._port_owner)
         self._check_programs()
 
@@ -246,6 +250,8 @@ class LocalStack(Stack):
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self._socket_dir is not None:  # journaled first: `kvchaos cleanup` removes it after a crash
+            self.journal.add("file", str(self._socket_dir), path=str(self._socket_dir))
         self._mount_l2()
         if self.settings.proxy is not None and self.settings.proxy.service is None:
             self.populate_links()
@@ -554,6 +560,9 @@ class LocalStack(Stack):
                 self._signal_group(p, signal.SIGKILL)
                 self._wait_gone(p, KILL_WAIT_S)
             self.journal.remove("process", f"{p.service}:{p.pid}")
+        if self._socket_dir is not None:  # sockets a killed service never unlinked (vLLM's IPC)
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self.journal.remove("file", str(self._socket_dir))
         try:
             self._unmount_l2()
         except StackError as exc:

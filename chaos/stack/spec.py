@@ -527,7 +527,7 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
     another kvchaos stack holds that claim, the stack must not start (``refuse_claimed``; False:
     the ports are known to be this stack's own, as for a stack that ``kvchaos stack up`` left
     running: claimed where nobody holds them, never refused). ``KVCHAOS_RUN_DIR`` is set to
-    ``run_dir``.
+    ``run_dir`` and ``KVCHAOS_SOCKET_DIR`` to :func:`socket_dir` of it.
 
     Returns:
         The variables (a new dict).
@@ -540,6 +540,7 @@ def resolve_variables(raw: Any, *, environ: dict[str, str] | None = None,
     env = dict(os.environ if environ is None else environ)
     if run_dir is not None:
         env["KVCHAOS_RUN_DIR"] = str(run_dir)
+        env["KVCHAOS_SOCKET_DIR"] = str(socket_dir(run_dir))
     if not allocate_ports:
         for name, default in defaults_in(raw).items():
             if name.endswith("_PORT") and not env.get(name):
@@ -596,6 +597,29 @@ def _claim_set_ports(raw: Any, env: dict[str, str], owner: str | None, refuse: b
                          f"({holder(port) or 'a claim that just ended'}); it would take the port from "
                          f"that stack, or lose it: unset {name} (a free port is picked) or choose another")
     return ports
+
+
+#: The longest path a Unix socket may have: ``sun_path`` is 108 bytes with its terminating NUL
+#: (Linux, man 7 unix).
+SUN_PATH_MAX = 107
+
+
+def socket_dir(run_dir: Path) -> Path:
+    """The stack's folder for Unix sockets (``${KVCHAOS_SOCKET_DIR}``): short, so a socket name
+    under it fits ``sun_path`` however deep ``run_dir`` is, e.g. vLLM's ZeroMQ IPC sockets,
+    ``<VLLM_RPC_BASE_PATH>/<uuid4>`` (vllm/utils/network_utils.py ``get_open_zmq_ipc_path``),
+    which vLLM leaves behind when it is killed. Not created here (the service that binds there
+    creates it); the local backend removes it at ``down``.
+
+    Returns:
+        ``<tempdir>/kvchaos-sock-<12 hex digits of the resolved run_dir's sha1>`` (e.g. 30
+        characters under /tmp: 31 more for a socket name leaves room for a uuid4).
+    """
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"kvchaos-sock-{digest}"
 
 
 def port_owner(run_dir: Path | None) -> str | None:

@@ -122,6 +122,8 @@ def serve(ctx: typer.Context, seed: int = typer.Option(0, "--model-seed", help="
         raise typer.Exit(2)
     folder = ensure_model(TinyLlama(seed=seed))
     env = {**os.environ, **OFFLINE_ENV}
+    if env.get("VLLM_RPC_BASE_PATH"):  # vLLM binds its IPC sockets there and never creates it
+        Path(env["VLLM_RPC_BASE_PATH"]).mkdir(parents=True, exist_ok=True)
     argv = [str(python), "-m", "chaos.vllm.launch", "serve", str(folder), *ctx.args]
     sys.stdout.flush()
     sys.stderr.flush()

@@ -218,3 +218,49 @@ def test_health_check_answered_by_another_process_is_an_error(tmp_path):
     finally:
         stack.down()
         other.close()
+
+
+SOCKET_STACK = """
+x-kvchaos:
+  engine: sock
+services:
+  sock:
+    # binds a Unix socket the way vLLM's IPC does (a uuid4 name under a folder it is given)
+    command: [python, -c, "import os,socket,time,uuid; d=os.environ['D']; os.makedirs(d, exist_ok=True); s=socket.socket(socket.AF_UNIX); s.bind(os.path.join(d, str(uuid.uuid4()))); print('bound', flush=True); time.sleep(300)"]
+    environment:
+      D: ${KVCHAOS_SOCKET_DIR}
+"""
+
+
+def test_sockets_a_killed_service_left_are_removed_at_down_however_deep_the_run_dir(tmp_path):
+    """The input that showed it: vLLM's ZeroMQ IPC sockets (``/tmp/<uuid4>``) that every killed or
+    restarted vLLM left behind, 390 in /tmp after one day (2026-12-07); under the run dir they
+    would not fit ``sun_path`` (a CI report folder is already 100 characters deep)."""
+    from chaos.stack.spec import SUN_PATH_MAX, socket_dir
+
+    p = tmp_path / "stack.yml"
+    p.write_text(SOCKET_STACK)
+    run_dir = tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    stack = LocalStack(p, run_dir=run_dir, environ=dict(os.environ))
+    folder = socket_dir(run_dir)
+    assert stack.env["KVCHAOS_SOCKET_DIR"] == str(folder) and len(str(folder)) + 1 + 36 <= SUN_PATH_MAX
+    assert socket_dir(run_dir) != socket_dir(tmp_path / "other")  # one folder per stack
+    with stack:
+        deadline = time.monotonic() + 30
+        while "bound" not in (stack.log_dir / "sock.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stack.kill("sock", "SIGKILL")  # a node exit: nothing unlinks the socket
+        assert len(list(folder.iterdir())) == 1
+        assert str(folder) in {e.get("path") for e in open_entries(stack.journal.path)}
+    assert not folder.exists()
+    assert open_entries(stack.journal.path) == []
+
+
+def test_cleanup_removes_the_socket_folder_of_a_crashed_run(tmp_path):
+    from chaos.cleanup import _remove_file
+
+    folder = tmp_path / "kvchaos-sock-x"
+    folder.mkdir()
+    (folder / "s").write_text("")
+    assert _remove_file({"path": str(folder)}) == f"removed {folder}"
+    assert not folder.exists()

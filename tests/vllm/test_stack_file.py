@@ -77,3 +77,15 @@ def test_default_pool_and_connector_config(tmp_path):
     assert cfg["kv_connector"] == "LMCacheMPConnector" and cfg["kv_role"] == "kv_both"
     assert cfg["kv_connector_extra_config"]["lmcache.mp.port"] == 23556  # the engine-lmcache link
     assert "--enable-prefix-caching" in _argv("engine", tmp_path, KVCHAOS_ENGINE_PREFIX_CACHING="--enable-prefix-caching")
+
+
+def test_both_vllms_bind_their_ipc_sockets_in_the_stacks_socket_folder(tmp_path):
+    """The input that showed it: 390 of vLLM's ZeroMQ IPC sockets (``/tmp/<uuid4>``, about 56 per
+    `make vllm-tier`) were left in /tmp by vLLMs that kvchaos killed or restarted (2026-12-07)."""
+    from chaos.stack.spec import socket_dir
+
+    spec = load_stack(STACK, environ=dict(os.environ), run_dir=tmp_path, require_commands=False,
+                      allocate_ports=False)
+    for service in ("engine", "engine-recompute"):
+        assert spec.services[service].env()["VLLM_RPC_BASE_PATH"] == str(socket_dir(tmp_path)), service
+    assert "KVCHAOS_SOCKET_DIR" in spec.variables_read  # so the local backend removes it at down
