@@ -58,6 +58,7 @@ REFERENCE_POOL_FILES = frozenset({
     "tests/checks/test_bites_on_reference_stack.py",
     "tests/shrink/test_shrink_stack.py",
     "tests/runner/test_tolerant_mode.py",
+    "tests/catalogue/test_windows_under_load.py",
 })
 #: The unit of work of every file of REFERENCE_POOL_FILES.
 REFERENCE_POOL_SCOPE = "reference-pool-files"

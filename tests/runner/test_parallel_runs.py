@@ -1,8 +1,9 @@
 """`kvchaos run --jobs N` (chaos/campaign.py): scenarios in parallel on isolated stacks, real
 processes and real stacks.
 
-- the verdicts and exit code of --jobs 2 are those of the serial run, with one suite report
-  merging every worker's runs in the scenarios' order, and nothing left running;
+- the verdicts and exit code of --jobs 2 are those of the serial run (smoke's, passed, from
+  the catalogue's serial run), with one suite report merging every worker's runs in the
+  scenarios' order, and nothing left running;
 - SIGTERM to the parent alone (``kill``) or to its process group (a terminal) mid-run: every
   run under way is reported ``interrupted``, exit 143, no process of the run remains;
 - a worker killed mid-run: its scenario is an infrastructure error naming it, the other goes on;
@@ -109,10 +110,15 @@ def _suite(reports: Path) -> dict:
 
 @pytest.mark.slow
 def test_jobs_2_gives_the_serial_verdicts_and_one_merged_suite_report(tmp_path):
-    subset = [REPO / "scenarios" / "smoke.yaml", DATA / "hold-latency.yaml", DATA / "idle-link.yaml"]
+    """The serial run is of the two scenarios on the small stack (seconds to start); smoke on
+    the reference stack runs in the --jobs 2 run only, beside them on another worker, and must
+    give what a serial run of it gives: passed, exit 0 (the catalogue's smoke in `make test`'s
+    chaos stage, the serial runner; a reference stack start is about 50 CPU-seconds, so the
+    serial run no longer starts one of its own)."""
+    small = [DATA / "hold-latency.yaml", DATA / "idle-link.yaml"]
     env = _env(tmp_path)
     runs = {}
-    for jobs in ("1", "2"):
+    for jobs, subset in (("1", small), ("2", [REPO / "scenarios" / "smoke.yaml", *small])):
         reports = tmp_path / f"reports-{jobs}"
         p = _kvchaos(env, *subset, "--jobs", jobs, "--report-dir", reports)
         out = communicate_or_dump(p, 900, env["KVCHAOS_STATE_DIR"])
@@ -123,13 +129,13 @@ def test_jobs_2_gives_the_serial_verdicts_and_one_merged_suite_report(tmp_path):
             assert (reports / r["run_dir"] / "report.html").exists(), r
         assert set(_results(reports)) == {r["run_id"] for r in suite["runs"]}
         junit = next(reports.glob("suite-*/junit.xml")).read_text()
-        assert junit.count("<testsuite ") == 3, junit
+        assert junit.count("<testsuite ") == len(subset), junit
         # Once it is over: no journal entry left, so no process of a stack, no fault.
         left = {j.name: open_entries(j) for j in all_journals(tmp_path / "state" / "journal")}
         assert not any(left.values()), left
     serial, parallel = runs["1"], runs["2"]
     assert [s for s, _, _ in parallel[1]] == ["smoke", "hold-latency", "idle-link"]  # the scenarios' order
-    assert parallel[1] == serial[1], (serial, parallel[2][-3000:])
+    assert parallel[1][1:] == serial[1], (serial, parallel[2][-3000:])
     assert parallel[1] == [("smoke", "passed", 0), ("hold-latency", "passed", 0), ("idle-link", "unknown", 4)], \
         parallel[2][-3000:]
     assert parallel[0] == serial[0] == 4
