@@ -202,7 +202,14 @@ def load_bug_file(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("load-bug") / "bug"
 
 
-@pytest.mark.parametrize("bug", list(HELD_BACK))
+#: Longer repetitions of a mechanism make test already checks, run by make nightly: the previous
+#: chunk's KV at chunk 2 of three (previous-chunk checks it at chunk 1 of two, with the same
+#: verdict; one more failing run, engine restart and diagnosis, about 12 CPU-seconds).
+HELD_BACK_NIGHTLY = ("previous-chunk:chunk=2",)
+
+
+@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.nightly) if b in HELD_BACK_NIGHTLY else b
+                                 for b in HELD_BACK])
 def test_held_back_load_path_bugs_are_named(pool: StackPool, tmp_path: Path, monkeypatch, load_bug_file: Path,
                                             bug: str) -> None:
     """LMCache's copy is right and the bypass replay is right: the verdict names what the engine

@@ -47,17 +47,18 @@ def child_env() -> dict[str, str]:
 class Proc:
     """A child process in its own process group, with its log file."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
+        self.env = dict(env or {})
         self.log_path = log_dir / f"{name}.log"
         self.popen: subprocess.Popen | None = None
 
     def start(self) -> None:
-        """Spawn the process (appending to its log)."""
+        """Spawn the process (appending to its log), with :func:`child_env` and ``env`` over it."""
         log = open(self.log_path, "ab")
         self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                      env=child_env(), start_new_session=True, cwd=REPO)
+                                      env={**child_env(), **self.env}, start_new_session=True, cwd=REPO)
         log.close()
 
     def signal(self, sig: int) -> None:
@@ -180,13 +181,14 @@ class LMCacheStack:
 
 
 class Engine:
-    """A reference engine process (``python -m chaos.engine serve``) and its HTTP client."""
+    """A reference engine process (``python -m chaos.engine serve``) and its HTTP client;
+    ``env``: variables set for the process over :func:`child_env`."""
 
-    def __init__(self, name: str, workdir: Path, args: list[str]) -> None:
+    def __init__(self, name: str, workdir: Path, args: list[str], env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.args = args
         self.proc = Proc(name, [sys.executable, "-m", "chaos.engine", "serve", "--port",
-                                str(self.port), *args], workdir)
+                                str(self.port), *args], workdir, env)
         self.base = f"http://127.0.0.1:{self.port}"
         self.client = httpx.Client(base_url=self.base, timeout=120)
 

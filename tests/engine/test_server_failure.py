@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from engine_procs import Engine, LMCacheStack, ids, lmcache_args, random_prompt, stats
+from engine_procs import SMALL_MODEL, Engine, LMCacheStack, ids, lmcache_args, random_prompt, stats
 
 pytestmark = pytest.mark.slow
 
@@ -18,9 +18,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def killable_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LMCacheStack]:
     """One stack for the module's tests, which may stop, kill and restart its server (a stack
-    per test spent most of each test starting LMCache)."""
+    per test spent most of each test starting LMCache). Only Redis is started here: the first
+    test, test_engine_starts_before_lmcache_and_connects_later, starts the server itself after
+    its engine, and ``own_stack`` starts it for any other test that finds it not running."""
     stack = LMCacheStack(tmp_path_factory.mktemp("killable"))
-    stack.start()
+    stack.redis.start()
     yield stack
     stack.redis.signal(signal.SIGCONT)
     stack.server.signal(signal.SIGCONT)
@@ -40,8 +42,8 @@ def _left_clean(stack: LMCacheStack) -> bool:
 @pytest.fixture()
 def own_stack(killable_stack: LMCacheStack, request: pytest.FixtureRequest) -> Iterator[LMCacheStack]:
     """The module's stack, handed over as a stack of the test's own would be: both processes
-    resumed, the server running with no read lock and no session (else restarted: an earlier
-    test that failed may have left them), and its log started afresh (tests read it; what the
+    resumed, the server running with no read lock and no session (else started, or restarted:
+    an earlier test that failed may have left them), and its log started afresh (tests read it; what the
     earlier tests logged is kept beside it, ``lmcache.log.<test>``). What the tiers store stays:
     every test uses prompts of its own seeds, so none hits another's chunks."""
     stack = killable_stack
@@ -69,9 +71,36 @@ def wait_clean(stack: LMCacheStack, timeout_s: float) -> tuple[int, int]:
         time.sleep(0.2)
 
 
-def test_server_killed_mid_run_then_restarted(make_engine, twin: Engine,
+@pytest.fixture(scope="module")
+def early_bird(killable_stack: LMCacheStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """The engine of the module's first two tests, started before its LMCache server when the
+    module starts with test_engine_starts_before_lmcache_and_connects_later (as it does); an
+    engine of its own for test_server_killed_mid_run_then_restarted, the next, cost a start
+    (7 CPU-seconds)."""
+    eng = Engine("early-bird", tmp_path_factory.mktemp("early-bird"),
+                 [*SMALL_MODEL, *lmcache_args(killable_stack)]).start(wait_lmcache=False)
+    yield eng
+    eng.stop()
+
+
+def test_engine_starts_before_lmcache_and_connects_later(early_bird: Engine, killable_stack: LMCacheStack) -> None:
+    """The engine starts while its LMCache server does not run yet (the module's stack, whose
+    server this test, the module's first, starts)."""
+    stack, eng = killable_stack, early_bird
+    assert not stack.server.alive() and eng.state()["lmcache"]["state"] == "connecting", \
+        "run first in the module: its engine must start before the LMCache server"
+    r = eng.complete([5] * 300, 2)
+    assert stats(r)["lookup"] == "error"
+    stack.start_server()
+    eng.wait_lmcache("healthy", 30)
+    eng.complete([6] * 300, 2)
+    assert stats(eng.complete([6] * 300, 2))["external_cache_hit_tokens"] == 256
+
+
+def test_server_killed_mid_run_then_restarted(early_bird: Engine, twin: Engine,
                                               own_stack: LMCacheStack) -> None:
-    eng = make_engine("survivor", lmcache_args(own_stack, mq_timeout=1.0))
+    eng = early_bird
+    eng.wait_lmcache("healthy", 60)
     prompts = [random_prompt(f"fail:{7000 + i}", 600) for i in range(4)]
     for p in prompts:
         eng.complete(p, 2)  # stored: the run below starts with hits
@@ -169,21 +198,6 @@ def test_failed_load_with_policy_fail_is_a_500(make_engine, own_stack: LMCacheSt
     assert wait_clean(own_stack, 15) == (0, 0), [
         line for line in own_stack.server.tail(400).splitlines() if "session" in line.lower()]
     assert "finish read on non-read-locked key" not in own_stack.server.tail(2000)
-
-
-def test_engine_starts_before_lmcache_and_connects_later(make_engine, tmp_path) -> None:
-    stack = LMCacheStack(tmp_path / "late")
-    stack.redis.start()
-    eng = make_engine("early-bird", lmcache_args(stack), wait_lmcache=False)
-    try:
-        r = eng.complete([5] * 300, 2)
-        assert stats(r)["lookup"] == "error"
-        stack.start_server()
-        eng.wait_lmcache("healthy", 30)
-        eng.complete([6] * 300, 2)
-        assert stats(eng.complete([6] * 300, 2))["external_cache_hit_tokens"] == 256
-    finally:
-        stack.stop()
 
 
 def test_restart_during_lookups_leaves_no_session(make_engine, twin: Engine,
