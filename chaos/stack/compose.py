@@ -478,6 +478,9 @@ class ComposeStack(Stack):
         self._recorded: set[tuple[str, str]] = set()
         # Services whose host-side probe passed since they last started (see host_probe_url).
         self._healthy: set[str] = set()
+        # Services whose command or environment changed since their container was created
+        # (set_variables): start() re-creates their container from the rewritten compose file.
+        self._recreate: set[str] = set()
 
     # --- compose CLI ---------------------------------------------------------------------
     def _compose(self, *args: str, timeout_s: float = 600.0, check: bool = True) -> subprocess.CompletedProcess:
@@ -917,15 +920,50 @@ class ComposeStack(Stack):
             c.stop(timeout=int(max(1, round(self.spec.services[service].stop_grace_period))))
         self.status()
 
+    def set_variables(self, variables: dict[str, str]) -> list[str]:
+        """:meth:`Stack.set_variables`, and the resolved compose file written again with them,
+        so that the services whose command or environment changed get new containers when they
+        start (:meth:`start`): a stopped container started again keeps the configuration it was
+        created with (before, ``reconfigure`` of a compose stack restarted the engine with the
+        previous scenario's ``KVCHAOS_ENGINE_BUGS`` still set).
+
+        Returns:
+            The services whose command or environment changed.
+
+        Raises:
+            ConfigError: the file no longer validates; StackError: an image is missing.
+        """
+        changed = super().set_variables(variables)
+        if self.compose_file.exists():  # up() writes it (a stack that is down is written then)
+            doc = resolved_compose(self.spec, self.run_id, self.run_dir)
+            self.ensure_images(doc)
+            self.write_compose_file(doc)
+            with self._lock:
+                self._recreate.update(changed)
+        return changed
+
     def start(self, service: str, wait: bool = True) -> None:
-        """Start the service's stopped container (or create it); waits for health when ``wait``
-        and re-creates the proxy links when the service is the proxy."""
+        """Start the service's stopped container (or create it; a new one when its command or
+        environment changed since its container was created, see :meth:`set_variables`); waits
+        for health when ``wait`` and re-creates the proxy links when the service is the proxy."""
         if service not in self.spec.services:
             raise StackError(f"unknown service {service!r}", service)
         found = self._containers(service)
         with self._lock:
             self._healthy.discard(service)
-        if found:
+            recreate = service in self._recreate
+            self._recreate.discard(service)
+        if recreate:
+            self.status()  # record the exit of the container being replaced
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            for c in found:  # its log goes with it: kept beside the new container's
+                try:
+                    (self.log_dir / f"{service}.{c.short_id}.log").write_bytes(
+                        c.logs(stdout=True, stderr=True, timestamps=True))
+                except docker.errors.APIError:
+                    pass
+            self._compose("up", "-d", "--no-deps", "--no-build", "--force-recreate", service)
+        elif found:
             c = max(found, key=lambda c: c.attrs.get("Created", ""))
             if c.status == "running":
                 return

@@ -387,3 +387,44 @@ def test_the_stacks_own_containers_pass_the_identity_checks(docker, leftovers, r
             assert pids and pids <= stack.own_pids()
         assert stack.service_pids("sleeper") is None  # its own network namespace: not checkable
         assert stack.foreign_listeners("redis") == [] and stack.foreign_listeners("web") == []
+
+
+def test_reconfigure_restarts_a_changed_service_with_its_new_environment(docker, leftovers, stack_env, tmp_path,
+                                                                         sweeper, test_image):
+    """``reconfigure`` under compose (the suite's engine restart when the next scenario's
+    ``KVCHAOS_ENGINE_BUGS`` differs): the service restarts with the new value. Input: the stopped
+    container was started again as it was created, so a bug planted for one scenario stayed
+    planted in the next one's engine."""
+    path = tmp_path / "greet.yml"
+    path.write_text(textwrap.dedent(f"""
+        services:
+          greeter:
+            image: {test_image}
+            network_mode: host
+            environment: {{GREETING: "${{GREETING:-hello}}"}}
+            command: [sleep, infinity]
+            stop_signal: SIGKILL
+          bystander:
+            image: {test_image}
+            network_mode: host
+            command: [sleep, infinity]
+            stop_signal: SIGKILL
+    """))
+    stack = make_stack(path, tmp_path, stack_env, sweeper)
+
+    def greeting() -> str:
+        rc, out = stack.container("greeter").exec_run(["sh", "-c", "echo $GREETING"])
+        assert rc == 0, out
+        return out.decode().strip()
+
+    with stack:
+        assert greeting() == "hello"
+        bystander = stack.container("bystander").id
+        assert stack.reconfigure({"GREETING": "bye"}) == ["greeter"]
+        assert greeting() == "bye"
+        assert stack.container("bystander").id == bystander  # what did not change stays up
+        assert stack.unexpected_exits() == []
+        assert sorted(stack.reconfigure({"GREETING": "hello"}, restart=["bystander"])) == ["bystander", "greeter"]
+        assert greeting() == "hello" and stack.container("bystander").id == bystander
+    assert leftovers(stack.project) == NOTHING
+    assert list((stack.run_dir / "logs").glob("greeter.*.log"))  # the replaced containers' logs
