@@ -23,9 +23,14 @@ NETWORK_SUITE ?= scenarios/lookup-timeout.yaml scenarios/l2-partial-read.yaml
 # a lost END_SESSION (the engine's kvchaos_engine_end_sessions_lost_total), so a miss is
 # inconclusive, never XPASS; but the reset still meets a finishing request only by chance, and
 # inconclusive against XFAIL is a difference to chaos.report.compare: still kept out.
+# lock-free-lost-on-cut (a FREE_LOOKUP_LOCKS must fall past a limit_data cut while its locks are
+# held) failed leaks in 2 of 4 runs on 2026-12-07 and passed in the others; its trigger counts a
+# lost FREE, so most misses are inconclusive, but a lost FREE whose locks a retrieve had already
+# released passes leaks (XPASS): kept out the same way.
 # tests/catalogue/test_chaos_flaky.py pins this list.
 CHAOS_FLAKY ?= --deselect scenarios/findings/end-session-dropped-on-late-ack.yaml::end-session-dropped-on-late-ack \
-	--deselect scenarios/findings/end-session-lost-on-reset.yaml::end-session-lost-on-reset
+	--deselect scenarios/findings/end-session-lost-on-reset.yaml::end-session-lost-on-reset \
+	--deselect scenarios/findings/lock-free-lost-on-cut.yaml::lock-free-lost-on-cut
 PYTEST_CHAOS := $(PY) -m pytest -q -p no:cacheprovider -m chaos $(CHAOS_FLAKY)
 
 .PHONY: setup setup-vllm test-stage-compare-explore test-stage-vllm vllm-tier vllm-tier-bugs vllm-nightly image image-vllm demo test nightly-shard record-durations test-chaos-bundled test-real-network test-real-compare test-real-compose nightly test-fast test-loaded catalogue-loaded zoo coverage coverage-docs mutation mutation-engine zoo-tolerant bench bench-load fuzz startup-signals killpoints explore-smoke clean

@@ -66,6 +66,10 @@ END_SESSIONs and PINGs the scheduler adapter's request clients send and counts a
 lost once a PING sent after it was answered while its own reply never came
 (:meth:`LMCacheConnector.check_end_sessions`): the engine's evidence that the finding's window
 was reached. It observes only; it resends nothing (that would hide the LMCache bug).
+FREE_LOOKUP_LOCKS is fire-and-forget too (the adapter drops its reply future): the same rule
+counts one lost with a cut or reset connection (:meth:`LMCacheConnector.check_lock_frees`), the
+window of docs/findings/lock-free-lost-on-cut.md (the lookup's read locks then stay until
+LMCache's L1 read-lock TTL).
 """
 
 from __future__ import annotations
@@ -164,6 +168,14 @@ class LMCacheConnector:
         self._pings: list[tuple[float, object]] = []
         # END_SESSIONs found lost (:meth:`check_end_sessions`), for the engine's counter.
         self.end_sessions_lost = 0
+        # FREE_LOOKUP_LOCKS sent for sessions the server holds, not yet answered: (request id,
+        # when sent) -> (reply future, when a later PING was first seen answered or None); a
+        # list, since one request may free twice in one clock tick.
+        self._lock_frees: list[tuple[str, float, object, float | None]] = []
+        # FREE_LOOKUP_LOCKS found lost (:meth:`check_lock_frees`), for the engine's counter.
+        self.lock_frees_lost = 0
+        # When the latest PING seen answered was sent (:meth:`_latest_answered_ping`).
+        self._latest_ping_answered: float | None = None
         self._transfers_lock = threading.Lock()
         self._stop = threading.Event()
         self._connect_thread: threading.Thread | None = None
@@ -287,7 +299,9 @@ class LMCacheConnector:
             self._prefetch_waiting.clear()
             self._unanswered_probes.clear()
             self._end_sessions.clear()
+            self._lock_frees.clear()
             self._pings.clear()
+            self._latest_ping_answered = None
         self._lookup_started.clear()
         log.warning("planted bug no-reconnect: LMCache at %s abandoned for good", self.url)
 
@@ -501,6 +515,7 @@ class LMCacheConnector:
         """
         end_session = getattr(client, "end_session", None)
         ping = getattr(client, "ping", None)
+        free = getattr(client, "free_lookup_locks", None)
         if end_session is None or ping is None:
             return
 
@@ -519,8 +534,19 @@ class LMCacheConnector:
                 self._pings.append((sent, future))
             return future
 
+        def wrapped_free(key, *args, _original=free, **kwargs):
+            sent = time.monotonic()
+            future = _original(key, *args, **kwargs)
+            request_id = getattr(key, "request_id", None)
+            if request_id is not None and request_id not in self._lost_lookups:
+                with self._transfers_lock:
+                    self._lock_frees.append((request_id, sent, future, None))
+            return future
+
         client.end_session = wrapped_end_session
         client.ping = wrapped_ping
+        if free is not None:
+            client.free_lookup_locks = wrapped_free
 
     def check_end_sessions(self) -> int:
         """Find the END_SESSIONs lost with their connection (call once per step).
@@ -541,28 +567,85 @@ class LMCacheConnector:
         """
         now = time.monotonic()
         with self._transfers_lock:
-            answered = [sent for sent, future in self._pings if future.query()]  # type: ignore[attr-defined]
+            latest_ping = self._latest_answered_ping()
             # An unanswered PING older than two timeouts was lost: nothing waits for it.
             self._pings = [(sent, future) for sent, future in self._pings
                            if not future.query() and now - sent < 2 * self.mq_timeout]  # type: ignore[attr-defined]
-            latest_ping = max(answered, default=None)
             lost = []
             for request_id, (sent, future, overtaken) in list(self._end_sessions.items()):
-                if future.query():  # type: ignore[attr-defined]
-                    del self._end_sessions[request_id]
+                state, overtaken = self._overtaken(sent, future, overtaken, latest_ping, now)
+                if state == "waiting":
+                    self._end_sessions[request_id] = (sent, future, overtaken)
                     continue
-                if overtaken is None:
-                    if latest_ping is not None and latest_ping > sent:
-                        self._end_sessions[request_id] = (sent, future, now)
-                    continue
-                if now - overtaken >= self.mq_timeout:
-                    del self._end_sessions[request_id]
+                del self._end_sessions[request_id]
+                if state == "lost":
                     lost.append((request_id, now - sent))
         for request_id, age in lost:
             log.warning("END_SESSION for request_id=%s was lost: no reply %.1f s after it was "
                         "sent, while a later PING on the same connection was answered (LMCache "
                         "keeps the session until its reaper)", request_id, age)
         self.end_sessions_lost += len(lost)
+        return len(lost)
+
+    def _latest_answered_ping(self) -> float | None:
+        """When the latest answered PING was sent (kept across :meth:`check_end_sessions`'s
+        pruning of :attr:`_pings`); call under ``_transfers_lock``."""
+        answered = [sent for sent, future in self._pings if future.query()]  # type: ignore[attr-defined]
+        if answered:
+            latest = max(answered)
+            if self._latest_ping_answered is None or latest > self._latest_ping_answered:
+                self._latest_ping_answered = latest
+        return self._latest_ping_answered
+
+    def _overtaken(self, sent: float, future: object, overtaken: float | None,
+                   latest_ping: float | None, now: float) -> tuple[str, float | None]:
+        """The state of one fire-and-forget message sent at ``sent`` (monotonic s):
+        ``answered`` (its reply came), ``lost`` (a PING sent after it was answered, first seen
+        at ``overtaken``, ``mq_timeout`` ago, and still no reply) or ``waiting``; with the
+        updated ``overtaken``."""
+        if future.query():  # type: ignore[attr-defined]
+            return "answered", overtaken
+        if overtaken is None:
+            if latest_ping is not None and latest_ping > sent:
+                return "waiting", now
+            return "waiting", None
+        if now - overtaken >= self.mq_timeout:
+            return "lost", overtaken
+        return "waiting", overtaken
+
+    def check_lock_frees(self) -> int:
+        """Find the FREE_LOOKUP_LOCKS lost with their connection (call once per step).
+
+        The same rule as :meth:`check_end_sessions`: the adapter's ``free_lookup_locks`` drops
+        the reply future (lmcache ``LMCacheMPSchedulerAdapter.free_lookup_locks``), and the
+        heartbeat's PINGs share its request client's socket and pipe; a FREE whose reply never
+        came while a PING sent after it was answered, ``mq_timeout`` later still unanswered,
+        was written into a connection that closed under it (a Toxiproxy ``limit_data`` cut
+        after its byte count, a reset) and never reached the server, or was handled and its
+        reply lost. When it never reached the server, the read locks it was sent to release
+        stay held until LMCache's L1 read-lock TTL (docs/findings/lock-free-lost-on-cut.md).
+        Logs a warning per lost FREE: ``FREE_LOOKUP_LOCKS for request_id=R was lost: ...``.
+
+        Returns:
+            how many FREE_LOOKUP_LOCKS this call found lost (also added to
+            :attr:`lock_frees_lost`).
+        """
+        now = time.monotonic()
+        with self._transfers_lock:
+            latest_ping = self._latest_answered_ping()
+            lost, waiting = [], []
+            for request_id, sent, future, overtaken in self._lock_frees:
+                state, overtaken = self._overtaken(sent, future, overtaken, latest_ping, now)
+                if state == "waiting":
+                    waiting.append((request_id, sent, future, overtaken))
+                elif state == "lost":
+                    lost.append((request_id, now - sent))
+            self._lock_frees = waiting
+        for request_id, age in lost:
+            log.warning("FREE_LOOKUP_LOCKS for request_id=%s was lost: no reply %.1f s after it was "
+                        "sent, while a later PING on the same connection was answered (LMCache "
+                        "keeps the read locks it was to release until their TTL)", request_id, age)
+        self.lock_frees_lost += len(lost)
         return len(lost)
 
     def _give_up_lookup(self, request_id: str) -> None:

@@ -34,6 +34,9 @@ _HELP = {
     "kvchaos_engine_end_sessions_lost_total": (
         "counter", "END_SESSIONs of held LMCache sessions never answered while a later PING was "
         "(lost with their connection)."),
+    "kvchaos_engine_lock_frees_lost_total": (
+        "counter", "FREE_LOOKUP_LOCKS of held LMCache sessions never answered while a later PING "
+        "was (lost with their connection: the read locks stay until their TTL)."),
     "kvchaos_engine_aborts_total": ("counter", "Requests aborted (client disconnect or error)."),
     "kvchaos_engine_replay_mismatches_total": (
         "counter", "Resumed requests whose recomputed token differed from the one sent."),

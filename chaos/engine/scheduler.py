@@ -289,6 +289,9 @@ class EngineCore:
             lost = self.connector.check_end_sessions()
             if lost:
                 self.metrics.inc("kvchaos_engine_end_sessions_lost_total", lost)
+            lost = self.connector.check_lock_frees()
+            if lost:
+                self.metrics.inc("kvchaos_engine_lock_frees_lost_total", lost)
         self._progress_aborting()
         self._admit()
         worked = False

@@ -32,6 +32,9 @@ PINNED = {
     # a miss is inconclusive, never XPASS, but inconclusive against XFAIL still fails the
     # real-proxy comparison (python -m chaos.report.compare)
     "scenarios/findings/end-session-lost-on-reset.yaml::end-session-lost-on-reset",
+    # a lock free must fall past a limit_data cut while its locks are held: 2 of 4 runs on
+    # 2026-12-07; a lost FREE whose locks a retrieve had released passes leaks (XPASS)
+    "scenarios/findings/lock-free-lost-on-cut.yaml::lock-free-lost-on-cut",
 }
 
 

@@ -46,13 +46,18 @@ class EndSessionClient:
         return FakeFuture()
 
 
-@pytest.fixture()
-def tracked() -> tuple[LMCacheConnector, LookupScheduler, EndSessionClient]:
+def track(client_cls: type) -> tuple[LMCacheConnector, LookupScheduler, EndSessionClient]:
+    """A connector whose scheduler adapter's one request client is a ``client_cls``."""
     conn, sched, lookups = make_connector()
-    client = EndSessionClient(lookups.lookup)
+    client = client_cls(lookups.lookup)
     sched.req_clients = {URL: client}
     conn._track_lookups(sched)
     return conn, sched, client
+
+
+@pytest.fixture()
+def tracked() -> tuple[LMCacheConnector, LookupScheduler, EndSessionClient]:
+    return track(EndSessionClient)
 
 
 def wait_past_mq_timeout(conn: LMCacheConnector) -> None:
