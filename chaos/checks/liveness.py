@@ -15,12 +15,13 @@ F10: a worker or the cache server died). Three rules:
 
 A late request (one that completed after the deadline, or that the client gave up on at the
 deadline: info "deadline exceeded") is judged against the run's own baseline
-(chaos/checks/host_load.py): with no fault in place during its life and the recompute twin as
-slow for the same prompt (within 2x), or, without a twin figure, the fault-free peers of its
-phase as slow (median at least half the deadline), it is host load: not a failure, not a pass,
-and, when the client gave up on it at the deadline, it does not count towards rule 2 (an error
-that came late is still an error). A late request with a fault in place, or stuck while the
-twin answered fast, is late as before. A request that never completed and an unexplained exit
+(chaos/checks/host_load.py): with the recompute twin as slow for the same prompt (within 3x;
+the twin, which no fault touches, is the only baseline for a request a fault was in place
+for), or, with no fault in place and no twin figure, the fault-free peers of its phase as slow
+(median at least half the deadline), it is host load: not a failure, not a pass, and, when the
+client gave up on it at the deadline, it does not count towards rule 2 (an error that came late
+is still an error). A late request stuck while the twin answered fast, or with a fault in place
+and no twin figure, is late as before. A request that never completed and an unexplained exit
 are never host load.
 
 Verdicts: failed if a rule is broken; unknown if no request was invoked, or if every broken
@@ -99,10 +100,10 @@ def excused_failures(bad: list[RequestRecord], rules: list[AllowedFailure],
 
 def slow_requests(history: Sequence[Op | dict[str, Any]],
                   config: LivenessConfig | dict[str, Any] | None = None) -> list[RequestRecord]:
-    """The late requests whose judgement reads the twin baseline (completed, no fault in place
-    during their life): the runner times the twin on their prompts (chaos/runner/baseline.py)."""
+    """The late requests whose judgement reads the twin baseline (every one that completed, a
+    fault in place or not): the runner times the twin on their prompts (chaos/runner/baseline.py)."""
     cfg = coerce_config(config, LivenessConfig)
-    return host_load.wanted(late(requests(history), cfg.deadline_for), host_load.fault_windows(history))
+    return host_load.wanted(late(requests(history), cfg.deadline_for))
 
 
 @register(NAME, LivenessConfig)

@@ -16,7 +16,7 @@ answers "unknown" instead of guessing):
   recompute_equivalence's tolerant mode, the twin's top-2 logprobs of every expected token,
   and the twin asked again (its noise floor).
 - `twin_baseline`: the recompute twin timed on the prompts of requests that went past their
-  deadline or SLO bound with no fault in place, at the workload's concurrency, right after the
+  deadline or SLO bound (a fault in place or not), at the workload's concurrency, right after the
   phases (only when some request did): the run's own baseline for chaos/checks/host_load.py.
 """
 

@@ -1,5 +1,5 @@
 """The run's own baseline: the recompute twin timed on the prompts of requests that went past
-their deadline or SLO bound with no fault in place (chaos/checks/host_load.py reads it).
+their deadline or SLO bound, a fault in place or not (chaos/checks/host_load.py reads it).
 
     slow requests (liveness, slo) ──> their prompts + peers of their phases, up to the
     workload's concurrency ──> the recompute twin, `concurrency` at a time, each bounded ──>
@@ -58,7 +58,7 @@ def measure_twin(recompute_url: str | None, slow: Sequence[RequestRecord], every
 
     Args:
         recompute_url: the stack's recompute twin (None: it has none; the baseline says so).
-        slow: the requests the checks want judged (completed, no fault in place).
+        slow: the requests the checks want judged (completed; a fault in place or not).
         everyone: every request of the run (peers to fill the concurrency).
         concurrency: the workload's concurrency (>= 1).
         run_async: how to run a coroutine to its end (chaos.interrupts.run_async, so a signal

@@ -595,7 +595,7 @@ def _evaluate(scenario: Scenario, stack: Stack, settings, history: HistoryWriter
 
 def _twin_baseline(scenario: Scenario, settings, history: HistoryWriter, snapshots: Snapshots, say) -> None:
     """Time the recompute twin on the prompts of requests that went past their deadline or SLO
-    bound with no fault in place (chaos/runner/baseline.py), into ``snapshots.twin_baseline``;
+    bound, a fault in place or not (chaos/runner/baseline.py), into ``snapshots.twin_baseline``;
     nothing when no request did."""
     ops = history.ops
     slow = {r.request_id: r for r in (liveness_check.slow_requests(ops, scenario.checks.liveness)
@@ -604,7 +604,7 @@ def _twin_baseline(scenario: Scenario, settings, history: HistoryWriter, snapsho
         slow.setdefault(r.request_id, r)
     if not slow:
         return
-    say(f"twin baseline ({len(slow)} slow request(s) with no fault in place)")
+    say(f"twin baseline ({len(slow)} slow request(s))")
     interrupts.set_stage("twin baseline")
     snapshots.twin_baseline = measure_twin(settings.recompute_url, list(slow.values()), paired_requests(ops),
                                            concurrency=scenario.workload.concurrency,
