@@ -3,7 +3,10 @@ twice this 2-core machine's cores) run while COMMAND runs, and are ended on ever
 (COMMAND's end, an error, Ctrl-C, SIGTERM) and at ``--max-s`` at the latest (each loop ends
 itself then, even if this script was SIGKILLed). COMMAND runs in a process group of its own, and
 a SIGINT or SIGTERM sent to this script alone (``kill -INT PID``, a CI runner that signals only
-its top process) reaches that whole group as SIGINT, as a terminal's Ctrl-C would.
+its top process) reaches that whole group as SIGINT, as a terminal's Ctrl-C would. A member of
+the group that ignores SIGINT (a background job of a non-interactive shell: ``sh -c 'a & b &
+wait'``, where POSIX shells start ``a`` and ``b`` with SIGINT ignored) gets SIGTERM instead, and
+the script waits for the whole group, not COMMAND alone, before the loops end.
 
     python benchmarks/load.py [--procs N] [--max-s S] -- COMMAND [ARGS...]
 
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 #: One busy loop that ends itself after ``argv[1]`` seconds (time.monotonic), so the load is
 #: bounded even when this process dies without cleaning up (SIGKILL, a lost CI runner).
@@ -67,13 +71,60 @@ def _signal_group(child: subprocess.Popen, signum: int) -> None:
         pass
 
 
+def _members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group ``pgid``, read from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        # after the command name in parentheses: state, ppid, pgrp (proc(5))
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry))
+    return out
+
+
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores ``signum`` (the SigIgn mask of /proc/PID/status, proc(5))."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
 def _end(child: subprocess.Popen, signum: int, grace_s: float, rc: int) -> int:
-    """Send ``signum`` to COMMAND's process group, wait up to ``grace_s`` seconds for COMMAND,
-    then SIGKILL the group; returns ``rc``."""
+    """Send ``signum`` to COMMAND's process group (SIGTERM to a member that ignores it), wait up
+    to ``grace_s`` seconds for COMMAND and every member of its group, then SIGKILL what is left;
+    returns ``rc``.
+
+    The group, not COMMAND alone: the input that showed it was ``load.py --procs 8 -- sh -c 'for
+    i in 1 2 3; do kvchaos run ... & done; wait'`` stopped with SIGINT (2026-12-07): ``sh`` ended
+    at once, the script ended the loops and exited 130, and the three ``kvchaos run``, started
+    by ``sh`` with SIGINT ignored, ran on unloaded and unsignalled.
+    """
     _signal_group(child, signum)
+    if signum != signal.SIGTERM:
+        for pid in _members(child.pid):
+            if _ignores(pid, signum):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + grace_s
     try:
         child.wait(grace_s)
     except subprocess.TimeoutExpired:
+        pass
+    while _members(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if child.poll() is None or _members(child.pid):
         _signal_group(child, signal.SIGKILL)
         child.wait()
     return rc

@@ -145,6 +145,49 @@ def test_a_signal_to_the_load_generator_alone_ends_every_process_of_its_command(
             p.kill()
 
 
+def test_a_sigint_reaches_the_background_jobs_of_a_shell_command_as_sigterm(tmp_path):
+    """The input that showed it (2026-12-07): `load.py --procs 8 -- sh -c 'for i in 1 2 3; do
+    kvchaos run ... & done; wait'` stopped with one SIGINT: sh ended at once, the generator
+    ended its loops and exited 130, and the three runs, which sh had started with SIGINT ignored
+    (POSIX: background jobs of a non-interactive shell), ran on unloaded and unsignalled. Here
+    the background job sleeps a minute and writes a file on SIGTERM: one SIGINT to the generator
+    must end it (SIGTERM, not SIGKILL) before the generator exits."""
+    import signal
+    import time
+
+    import psutil
+
+    started, terminated = tmp_path / "started", tmp_path / "terminated"
+    recipe = (f"import pathlib, signal, sys, time\n"
+              f"def bye(*_):\n    pathlib.Path({str(terminated)!r}).touch()\n    sys.exit(143)\n"
+              f"signal.signal(signal.SIGTERM, bye)\n"
+              f"pathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\n")
+    (tmp_path / "job.py").write_text(recipe)
+    gen = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "load.py"), "--procs", "1", "--max-s", "605.375",
+                            "--", "sh", "-c", f"{sys.executable} {tmp_path / 'job.py'} & wait"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), "the job never started"
+        [job] = [q for q in psutil.Process(gen.pid).children(recursive=True)
+                 if str(tmp_path / "job.py") in q.cmdline()]
+        t0 = time.monotonic()
+        gen.send_signal(signal.SIGINT)
+        assert gen.wait(45) == 130
+        assert time.monotonic() - t0 < 40  # not the job's 60 s sleep, nor the 300 s grace
+        assert not job.is_running() or job.status() == psutil.STATUS_ZOMBIE, "the job outlived the generator"
+        assert terminated.exists(), "the job was not sent SIGTERM"
+        assert _loops("605.375") == []
+    finally:
+        if gen.poll() is None:
+            gen.kill()
+        jobs = [q for q in psutil.process_iter(["cmdline"]) if str(tmp_path / "job.py") in (q.info["cmdline"] or [])]
+        for q in jobs + _loops("605.375"):  # this test's own only
+            q.kill()
+
+
 TTL_FINDING = "scenarios/findings/frozen-l2-locks-outlive-read-ttl.yaml"
 
 
