@@ -37,6 +37,10 @@ the run's own baseline was as slow, measured IN THE SAME RUN:
   K_TWIN = 3 it is caught whenever the deadline is more than three times the twin's time: every
   catalogue deadline is 5-20 times the idle latency, so only a host that is already past a
   third of the deadline turns a stuck request into "unknown", never into "passed".
+- **A prompt the runner did not time** (it times at most MAX_WAVES x concurrency slow requests,
+  the slowest first) takes the twin's figure of the other prompts of its phase that it timed:
+  the fastest answer, or with none answered the shortest wait (:func:`twin_for`), the figure
+  that is hardest to excuse with.
 - **A twin that gave no answer** within the runner's bound (at least the slowest late request's
   time) was at least as slow as the request: host load.
 - **Peers**, used only without a twin figure (no twin in the stack, or it answered with an
@@ -73,7 +77,7 @@ from typing import Any, Iterable, Literal, Sequence
 from pydantic import BaseModel, Field
 
 from chaos.checks.requests import RequestRecord, op_dicts
-from chaos.checks.snapshots import TwinBaseline
+from chaos.checks.snapshots import TwinBaseline, TwinTiming
 from chaos.history import Op
 
 #: A request up to K_TWIN times the twin's time for the same prompt is host load (module doc:
@@ -156,6 +160,66 @@ def _fmt(x: float | None) -> str:
     return f"{x:.1f}s" if x >= 10 else f"{x:.2f}s"
 
 
+def twin_for(rec: RequestRecord, metric: Metric, everyone: Sequence[RequestRecord],
+             twin: TwinBaseline | None) -> tuple[TwinTiming | None, str]:
+    """The twin's figure for ``rec``: its own prompt's timing, else, when the runner timed other
+    prompts of ``rec``'s phase but not this one (it times at most MAX_WAVES x concurrency, the
+    slowest first), the most demanding figure of those for the rule: the fastest answer
+    (``ok``), or with none answered the shortest wait without an answer (``info``).
+
+    Returns:
+        ``(timing or None, what it was measured on: "the same prompt" or "N other prompt(s) of
+        phase P")``.
+
+    Input of the phase figure: cancel-storm at load average 29 (2026-12-07): 10 warm requests
+    given up on at 30 s; the twin, timed on the 8 slowest, gave no answer within 31 s for any of
+    them, and the 2 left untimed were judged on peers (none, all late): failed.
+    """
+    if twin is None:
+        return None, "the same prompt"
+    own = twin.timings.get(rec.request_id)
+    if own is not None:
+        return own, "the same prompt"
+    others = [twin.timings[p.request_id] for p in everyone
+              if p.phase == rec.phase and p.request_id != rec.request_id and p.request_id in twin.timings]
+    answered = [(t.latency_s if metric == "latency" else t.ttft_s) for t in others if t.outcome == "ok"]
+    answered = [a for a in answered if a is not None and a > 0]
+    where = f"{len(others)} other prompt(s) of phase {rec.phase} (its own was not timed)"
+    if answered:
+        return TwinTiming(outcome="ok", latency_s=min(answered), ttft_s=min(answered)), where
+    waits = [t.waited_s for t in others if t.outcome == "info"]
+    if waits:
+        return TwinTiming(outcome="info", waited_s=min(waits), error="no answer"), where
+    return None, "the same prompt"
+
+
+def _by_twin(base: dict[str, Any], metric: Metric, value: float, bound_s: float, in_place: list[str],
+             timing: TwinTiming | None, prompt: str) -> Judgement | None:
+    """The judgement the twin's figure gives (module doc), None when there is no usable figure.
+    With faults ``in_place`` a fast twin makes the request the fault's effect ("fault")."""
+    head = (f"{metric} {_fmt(value)} > {bound_s:g}s with fault(s) {', '.join(in_place)} in place, and the recompute "
+            f"twin, which no fault touches," if in_place else
+            f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place, and the recompute twin")
+    if timing is not None and timing.outcome == "ok":
+        t = timing.latency_s if metric == "latency" else timing.ttft_s
+        if t is not None and t > 0:
+            ratio = value / t
+            if ratio <= K_TWIN:
+                return Judgement(**base, verdict="host_load", faults=in_place, twin_s=t, twin_ratio=ratio,
+                                 reason=f"{head} took {_fmt(t)} for {prompt} (x{ratio:.1f} <= {K_TWIN:g})")
+            if in_place:
+                return Judgement(**base, verdict="fault", faults=in_place, twin_s=t, twin_ratio=ratio,
+                                 reason=f"fault(s) {', '.join(in_place)} in place during its life, and the recompute "
+                                 f"twin answered {prompt} in {_fmt(t)} (x{ratio:.1f} > {K_TWIN:g})")
+            return Judgement(**base, verdict="failed", twin_s=t, twin_ratio=ratio,
+                             reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place while the "
+                             f"recompute twin answered {prompt} in {_fmt(t)} (x{ratio:.1f} > {K_TWIN:g})")
+    if timing is not None and timing.outcome == "info" and timing.waited_s >= value:
+        return Judgement(**base, verdict="host_load", faults=in_place, twin_timed_out=True, twin_s=timing.waited_s,
+                         reason=f"{head} gave no answer for {prompt} within {timing.waited_s:.1f}s")
+    return None
+
+
 def judge(rec: RequestRecord, metric: Metric, bound_s: float, everyone: Sequence[RequestRecord],
           windows: Sequence[FaultWindow], twin: TwinBaseline | None) -> Judgement:
     """Judge one request whose ``metric`` went past ``bound_s`` (the module doc's rule).
@@ -175,30 +239,19 @@ def judge(rec: RequestRecord, metric: Metric, bound_s: float, everyone: Sequence
     if rec.outcome is None or value is None:
         return Judgement(**base, verdict="failed", reason="never completed")
     in_place = faults_during(rec, windows)
+    timing, prompt = twin_for(rec, metric, everyone, twin)
+    by_twin = _by_twin(base, metric, value, bound_s, in_place, timing, prompt)
+    if by_twin is not None:
+        return by_twin
     if in_place:
-        return _judge_under_fault(rec, metric, value, bound_s, in_place, base, twin)
+        return Judgement(**base, verdict="fault", faults=in_place,
+                         reason=f"fault(s) {', '.join(in_place)} in place during its life")
     peers = [p for p in everyone if p.request_id != rec.request_id and p.phase == rec.phase
              and p.outcome == "ok" and metric_of(p, metric) is not None and not faults_during(p, windows)
              and metric_of(p, metric) <= bound_s]  # type: ignore[operator]
     peer_vals = [metric_of(p, metric) for p in peers]
     median = statistics.median(peer_vals) if peer_vals else None  # type: ignore[type-var]
     base.update(peers=len(peers), peers_median_s=median)
-    timing = twin.timings.get(rec.request_id) if twin is not None else None
-    if timing is not None and timing.outcome == "ok":
-        t = timing.latency_s if metric == "latency" else timing.ttft_s
-        if t is not None and t > 0:
-            ratio = value / t
-            if ratio <= K_TWIN:
-                return Judgement(**base, verdict="host_load", twin_s=t, twin_ratio=ratio,
-                                 reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place, and the "
-                                 f"recompute twin took {_fmt(t)} for the same prompt (x{ratio:.1f} <= {K_TWIN:g})")
-            return Judgement(**base, verdict="failed", twin_s=t, twin_ratio=ratio,
-                             reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place while the "
-                             f"recompute twin answered the same prompt in {_fmt(t)} (x{ratio:.1f} > {K_TWIN:g})")
-    if timing is not None and timing.outcome == "info" and timing.waited_s >= value:
-        return Judgement(**base, verdict="host_load", twin_timed_out=True, twin_s=timing.waited_s,
-                         reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place, and the recompute "
-                         f"twin gave no answer for the same prompt within {timing.waited_s:.1f}s")
     why_no_twin = ("no twin figure for its prompt"
                    + (f" ({twin.error})" if twin is not None and twin.error else "")
                    + (f" (twin: {timing.error})" if timing is not None and timing.error else ""))
@@ -213,33 +266,6 @@ def judge(rec: RequestRecord, metric: Metric, bound_s: float, everyone: Sequence
                      reason=f"{metric} {_fmt(value)} > {bound_s:g}s with no fault in place; {why_no_twin}, and "
                      f"no baseline as slow ({peer_txt}; host load needs >= {MIN_PEERS} with median >= "
                      f"{bound_s / K_PEERS:.1f}s)")
-
-
-def _judge_under_fault(rec: RequestRecord, metric: Metric, value: float, bound_s: float, in_place: list[str],
-                       base: dict[str, Any], twin: TwinBaseline | None) -> Judgement:
-    """A slow request with faults ``in_place``: host load only when the twin, which no fault
-    touches, was as slow for its prompt (module doc); else the fault's effect ("fault")."""
-    names = ", ".join(in_place)
-    timing = twin.timings.get(rec.request_id) if twin is not None else None
-    if timing is not None and timing.outcome == "ok":
-        t = timing.latency_s if metric == "latency" else timing.ttft_s
-        if t is not None and t > 0:
-            ratio = value / t
-            if ratio <= K_TWIN:
-                return Judgement(**base, verdict="host_load", faults=in_place, twin_s=t, twin_ratio=ratio,
-                                 reason=f"{metric} {_fmt(value)} > {bound_s:g}s with fault(s) {names} in place, "
-                                 f"and the recompute twin, which no fault touches, took {_fmt(t)} for the same "
-                                 f"prompt (x{ratio:.1f} <= {K_TWIN:g})")
-            return Judgement(**base, verdict="fault", faults=in_place, twin_s=t, twin_ratio=ratio,
-                             reason=f"fault(s) {names} in place during its life, and the recompute twin answered "
-                             f"the same prompt in {_fmt(t)} (x{ratio:.1f} > {K_TWIN:g})")
-    if timing is not None and timing.outcome == "info" and timing.waited_s >= value:
-        return Judgement(**base, verdict="host_load", faults=in_place, twin_timed_out=True, twin_s=timing.waited_s,
-                         reason=f"{metric} {_fmt(value)} > {bound_s:g}s with fault(s) {names} in place, and the "
-                         f"recompute twin, which no fault touches, gave no answer for the same prompt within "
-                         f"{timing.waited_s:.1f}s")
-    return Judgement(**base, verdict="fault", faults=in_place,
-                     reason=f"fault(s) {names} in place during its life")
 
 
 def wanted(slow: Iterable[RequestRecord]) -> list[RequestRecord]:

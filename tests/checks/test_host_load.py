@@ -193,3 +193,30 @@ def test_host_load_excuses_the_lateness_not_an_error_that_came_late(hb):
     assert r.verdict == "failed" and "HTTP 500: load failed" in r.summary
     assert {x["request_id"] for x in r.details["host_load"]} == {"w-late", "w-err"}
     assert r.details["failed"] == ["w-err"]
+
+
+def test_a_late_request_the_twin_was_not_timed_on_takes_its_phases_twin_figure(hb):
+    """Input: cancel-storm at load average 29 (three catalogue runs beside 8 busy loops,
+    2026-12-07): 10 warm requests given up on at 30 s; the runner timed the twin on the 8
+    slowest (at most 2 x concurrency), which gave no answer within 31 s for any, and the 2 left
+    untimed, judged on peers (none: all late), failed liveness."""
+    for i in range(10):
+        hb.request(f"w-{i}", P if i % 2 else Q, [], outcome="info", error="deadline exceeded",
+                   t0=i * 0.01, t1=30.05 + i * 0.01)
+    slow = TwinTiming(outcome="info", error="deadline exceeded", waited_s=31.1)
+    timed = twin(**{f"w-{i}": slow for i in range(8)})
+    r = liveness.check(hb.ops, timed, {"request_deadline_s": 30})
+    assert r.verdict == "unknown", r.summary
+    rows = {x["request_id"]: x for x in r.details["host_load"]}
+    assert set(rows) == {f"w-{i}" for i in range(10)}
+    assert "8 other prompt(s) of phase warm" in rows["w-9"]["reason"] and rows["w-9"]["twin_timed_out"]
+    # the fastest answer of the phase decides: one timed prompt answered in 5 s -> stuck (x6)
+    fast = twin(**{f"w-{i}": slow for i in range(7)}, **{"w-7": ok(5.0)})
+    r = liveness.check(hb.ops, fast, {"request_deadline_s": 30})
+    assert r.verdict == "failed"
+    assert {x["request_id"] for x in r.details["late"]} == {"w-7", "w-8", "w-9"}
+    # another phase's figures are not used
+    other = twin(**{"x-0": ok(25.0)})
+    hb.request("x-0", P, [1], t0=40.0, t1=45.0, phase="other")
+    r = liveness.check(hb.ops, other, {"request_deadline_s": 30})
+    assert r.verdict == "failed"
