@@ -186,7 +186,7 @@ def run_checks() -> list[Finding]:
     """Every check, in report order."""
     return [
         check_package("torch", "reference engine", "make setup (pins torch==2.13.0, the CPU build)"),
-        check_package("transformers", "reference engine", "make setup"),
+        check_package("transformers", "LMCache server (its token database imports it), tests", "make setup"),
         check_package("lmcache", "reference stack", "make setup (installs lmcache==0.5.6 without CUDA deps)"),
         check_lmcache_cli(),
         check_redis(),

@@ -1,8 +1,16 @@
-"""The reference engine's model: a Llama (transformers) run against a paged KV pool.
+"""The reference engine's model: a seeded random Llama run against a paged KV pool.
 
-The weights live in a transformers ``LlamaForCausalLM`` built from a ``LlamaConfig`` with
-seeded random initialisation (no download). The forward pass is our own, using the modules'
-weights, so that KV is read from and written to the paged pool directly::
+The weights live in small ``torch.nn`` modules of our own (:class:`LlamaWeights`) with the
+parameter names, shapes and dtype of transformers' ``LlamaForCausalLM`` (``model.embed_tokens``,
+``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``model.layers.{i}.mlp.{gate,up,down}_proj``,
+``model.layers.{i}.{input,post_attention}_layernorm``, ``model.norm``, ``lm_head``; no biases),
+filled from one seeded ``torch.Generator`` (no download). Their RMSNorm and SiLU-gated MLP
+compute what transformers' ``LlamaRMSNorm`` and ``LlamaMLP`` compute, op for op, with
+``LlamaConfig``'s defaults (``rms_norm_eps`` 1e-6, ``hidden_act`` "silu"); the rope base is
+10000 (transformers' default ``rope_theta``). tests/engine/test_model_weights.py pins both
+against transformers' own model, bit for bit. Not importing transformers saves each engine
+process about 3 CPU-s of start-up. The forward pass is our own, using the modules' weights, so
+that KV is read from and written to the paged pool directly::
 
     token ids ─> embed ─> [rmsnorm ─> q,k,v proj ─> rope ─> write k,v to slots ─> gather
                           k,v of positions [0, end) ─> causal attention ─> o proj ─> + ─>
@@ -33,6 +41,8 @@ import json
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from chaos.engine.kv_pool import KVPool
 
@@ -106,6 +116,139 @@ class ModelSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+#: transformers' ``LlamaConfig().rms_norm_eps`` (transformers 5.x configuration_llama.py).
+RMS_NORM_EPS = 1e-6
+#: transformers' default ``rope_theta`` for Llama (``LlamaConfig().rope_parameters``).
+ROPE_THETA = 10000.0
+
+
+class _Linear(nn.Module):
+    """A bias-free linear layer: ``y = x @ weight.T``, ``weight`` ``[out_features, in_features]``.
+
+    Computes ``torch.nn.functional.linear(x, weight, None)``, what ``nn.Linear(bias=False)``
+    computes; its parameter is left uninitialised (:class:`LlamaWeights` fills it).
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class _Embedding(nn.Module):
+    """Token embedding: ``weight[ids]``, ``weight`` ``[vocab_size, hidden_size]`` (uninitialised)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """transformers' ``LlamaRMSNorm``: RMS-normalise in float32, cast back, scale by ``weight``.
+
+    Shapes: ``[..., hidden_size]`` in and out, same dtype as the input.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = RMS_NORM_EPS) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class MLP(nn.Module):
+    """transformers' ``LlamaMLP`` with ``hidden_act="silu"``: ``down(silu(gate(x)) * up(x))``.
+
+    Shapes: ``[..., hidden_size]`` in and out.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = _Linear(hidden_size, intermediate_size)
+        self.up_proj = _Linear(hidden_size, intermediate_size)
+        self.down_proj = _Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Attention(nn.Module):
+    """The attention projections (the attention itself is :meth:`PagedLlama.forward`)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_size
+        self.q_proj = _Linear(h, spec.num_heads * spec.head_size)
+        self.k_proj = _Linear(h, kv)
+        self.v_proj = _Linear(h, kv)
+        self.o_proj = _Linear(spec.num_heads * spec.head_size, h)
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.self_attn = _Attention(spec)
+        self.mlp = MLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = RMSNorm(spec.hidden_size)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.embed_tokens = _Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(_DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size)
+
+
+class LlamaWeights(nn.Module):
+    """The seeded random Llama's parameters, named as in transformers' ``LlamaForCausalLM``.
+
+    ``model.embed_tokens.weight`` ``[vocab, hidden]``; per layer ``i``:
+    ``model.layers.{i}.self_attn.{q,o}_proj.weight`` ``[hidden, hidden]``,
+    ``{k,v}_proj.weight`` ``[kv_heads * head_size, hidden]``,
+    ``mlp.{gate,up}_proj.weight`` ``[intermediate, hidden]``, ``mlp.down_proj.weight``
+    ``[hidden, intermediate]``, ``{input,post_attention}_layernorm.weight`` ``[hidden]``;
+    ``model.norm.weight`` ``[hidden]``; ``lm_head.weight`` ``[vocab, hidden]``.
+
+    Values: in ``sorted(named_parameters())`` order, every ``*norm.weight`` is 1 and every other
+    parameter is ``torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * init_std``
+    (float32, the generator shared in that order), then the whole model is cast to
+    ``spec.dtype``. This is the order and draw the engine has always used, so the weights (and
+    the fingerprint) are unchanged from the transformers-built model.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        """Build and fill the parameters (float32 first, then cast to ``spec.dtype``).
+
+        Args:
+            spec: model shape and seed (validated by the caller).
+        """
+        super().__init__()
+        self.model = _Decoder(spec)
+        self.lm_head = _Linear(spec.hidden_size, spec.vocab_size)
+        gen = torch.Generator().manual_seed(spec.seed)
+        with torch.no_grad():
+            for name, p in sorted(self.named_parameters()):
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * spec.init_std)
+        self.to(spec.torch_dtype).eval()
+        self.requires_grad_(False)
+
+
 class PagedLlama:
     """A seeded random Llama whose attention reads and writes a ``KVPool``."""
 
@@ -118,38 +261,15 @@ class PagedLlama:
         Raises:
             ValueError: invalid ``spec``.
         """
-        from transformers import LlamaConfig, LlamaForCausalLM
-
         spec.validate()
         self.spec = spec
-        config = LlamaConfig(
-            vocab_size=spec.vocab_size,
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.num_layers,
-            num_attention_heads=spec.num_heads,
-            num_key_value_heads=spec.num_kv_heads,
-            max_position_embeddings=spec.max_positions,
-            initializer_range=spec.init_std,
-            tie_word_embeddings=False,
-        )
-        torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
-        # transformers may skip or defer init; make the weights a pure function of the seed.
-        gen = torch.Generator().manual_seed(spec.seed)
-        with torch.no_grad():
-            for name, p in sorted(model.named_parameters()):
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * spec.init_std)
-        model = model.to(spec.torch_dtype).eval()
+        model = LlamaWeights(spec)
         self.model = model
         #: Relative size of the batch-dependent offset per layer (0: exact numerics).
         self.batch_noise = 0.0
         self._layers = model.model.layers
         self._scale = spec.head_size ** -0.5
-        inv_freq = 1.0 / (config.rope_theta if hasattr(config, "rope_theta") else 10000.0) ** (
+        inv_freq = 1.0 / ROPE_THETA ** (
             torch.arange(0, spec.head_size, 2, dtype=torch.float32) / spec.head_size)
         self._inv_freq = inv_freq
 
