@@ -466,10 +466,6 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     n_fault_phases = rng.choice([1, 1, 2])
     number = 0
     longest = 0.0
-    if focus is not None:
-        number = _window_phases(focus, tune, offer, workload, engine, phases)
-        longest = max((sum(_seconds(f.get("duration", "0ms")) for f in ph.get("faults", [])) for ph in phases),
-                      default=0.0)
     for p in range(n_fault_phases):
         faults = []
         for _ in range(rng.choice([1, 1, 2] if n_fault_phases == 1 else [1, 1, 1, 2])):  # several: overlapping
@@ -518,6 +514,15 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
     if recovery:
         # the engine's heartbeat (2 s on the reference stack) must see LMCache again first
         phases.append({"name": "settle", "requests": 0, "duration": "5s"})
+    if focus is not None:
+        window = _window_phases(focus, tune, offer, workload, engine, number)
+        if window and not recovery and any(_cuts_lmcache_off(f, offer) for ph in phases for f in ph.get("faults", [])):
+            # the engine's heartbeat must see LMCache again before the window's lookups
+            window.insert(0, {"name": "settle", "requests": 0, "duration": "5s"})
+        number += sum(len(ph.get("faults", [])) for ph in window)
+        longest = max([longest, *(sum(_seconds(f.get("duration", "0ms")) for f in ph.get("faults", []))
+                                  for ph in window)])
+        phases += window
     phases.append({"name": "recover", "requests": rng.choice([2, 4, 6])})
     if small_pool:
         phases[-1]["faults"] = [{"kind": "preempt", "name": f"kv-pool-pressure-{number}", "via": "pool",
@@ -588,11 +593,15 @@ def window_focus(offer: StackOffer, seed: int, index: int) -> str | None:
 
 
 def _window_phases(focus: str, tune: random.Random, offer: StackOffer, workload: dict[str, Any],
-                   engine: dict[str, Any], phases: list[dict[str, Any]]) -> int:
-    """Append the phase(s) that open ``focus``'s window right after warm (and hit), before the
-    drawn fault phases, as the catalogue scenario that catches its bug opens it; ``tenants``
-    needs none (its workload has them). Draws from ``tune`` only. Changes ``phases`` (and
-    ``engine``: :func:`_loads_past_the_engine_prefix_cache`) in place.
+                   engine: dict[str, Any], number: int) -> list[dict[str, Any]]:
+    """The phase(s) that open ``focus``'s window as the catalogue scenario that catches its bug
+    opens it; ``tenants`` needs none (its workload has them). They come after the drawn fault
+    phases (and their ``settle``), right before ``recover``: what they leave (read locks, KV
+    blocks) is what the final ``leaks`` check judges, and a later fault that restarts LMCache or
+    the engine (``kill``, ``l2_fault_inject``) would release it unseen (seed 1 scenario 5: an
+    ``l2_fault_inject`` after the local hit). The drawn phases' requests store their misses
+    again, so the prefixes are in LMCache. Draws from ``tune`` only; may change ``engine``
+    (:func:`_loads_past_the_engine_prefix_cache`). Faults are named from ``number`` on.
 
     - ``local-hit`` (scenarios/apc-local-covers-hit.yaml): the engine's prefix cache is on
       (set by :func:`generate`); a phase with no fault re-sends the stored prefixes, so the
@@ -605,7 +614,7 @@ def _window_phases(focus: str, tune: random.Random, offer: StackOffer, workload:
       allocated), the load held (:func:`_aim_cancels`), as cancel-storm aborts after allocation.
 
     Returns:
-        the number the next fault's name takes (the faults here are numbered from 0).
+        the phases, in order.
     """
     faults: list[dict[str, Any]] = []
     if focus == "local-hit":
@@ -615,8 +624,7 @@ def _window_phases(focus: str, tune: random.Random, offer: StackOffer, workload:
                                  "grew_by": offer.chunk},
                                 {"metric": "vllm:prefix_cache_hits_total", "service": offer.engine or "engine",
                                  "grew_by": offer.chunk}]
-        phases.append(phase)
-        return 0
+        return [phase]
     if focus == "dropped-retrieve":
         faults = [{"kind": "stall", "point": "before_retrieve", "seconds": "6s", "count": 1, "until": "end"},
                   {"kind": "latency", "link": "engine-lmcache", "stream": "downstream", "latency_ms": 3000,
@@ -626,14 +634,16 @@ def _window_phases(focus: str, tune: random.Random, offer: StackOffer, workload:
                    "until": "end"}]
         _aim_cancels(tune, offer, workload, faults, [])
     else:
-        return 0
+        return []
+    if engine.get("prefix_caching") and not offer.has("engine.reset_prefix_cache"):
+        return []  # the retrieve would never run, and the drawn phases were made for the prefix cache on
     _loads_past_the_engine_prefix_cache(offer, engine, faults)
-    for number, f in enumerate(faults):
-        f["name"] = f"{f['kind'].replace('_', '-')}-{number}"
-    phases.append({"name": focus, "faults": faults})
+    for i, f in enumerate(faults):
+        f["name"] = f"{f['kind'].replace('_', '-')}-{number + i}"
+    out: list[dict[str, Any]] = [{"name": focus, "faults": faults}]
     if focus == "dropped-retrieve":
-        phases.append({"name": "settle-link", "requests": 0, "duration": "5s"})
-    return len(faults)
+        out.append({"name": "settle-link", "requests": 0, "duration": "5s"})
+    return out
 
 
 def _cuts(a: dict[str, Any], b: dict[str, Any]) -> bool:
