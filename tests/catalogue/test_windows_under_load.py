@@ -30,6 +30,18 @@ def _loops(max_s: str) -> list:
             if (p.info["cmdline"] or [])[-1:] == [max_s] and "end = time.monotonic()" in " ".join(p.info["cmdline"])]
 
 
+def _kill_own(gen: subprocess.Popen, script: Path, max_s: str) -> None:
+    """Kill what a signal test left: its generator, the processes running its ``script`` and the
+    busy loops of its ``max_s`` (this test's own only, never another run's on a shared host)."""
+    import psutil
+
+    if gen.poll() is None:
+        gen.kill()
+    mine = [p for p in psutil.process_iter(["cmdline"]) if str(script) in (p.info["cmdline"] or [])]
+    for p in mine + _loops(max_s):
+        p.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.nightly  # a loaded-host rerun: `make nightly`, not `make test`
 def test_apc_partial_chunk_reaches_its_window_under_load(tmp_path):
@@ -138,11 +150,7 @@ def test_a_signal_to_the_load_generator_alone_ends_every_process_of_its_command(
         assert alive == [], alive
         assert _loops("604.125") == []
     finally:
-        if gen.poll() is None:
-            gen.kill()
-        recipes = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "recipe.py") in (p.info["cmdline"] or [])]
-        for p in recipes + _loops("604.125"):  # this test's own only
-            p.kill()
+        _kill_own(gen, tmp_path / "recipe.py", "604.125")
 
 
 def test_a_sigint_reaches_the_background_jobs_of_a_shell_command_as_sigterm(tmp_path):
@@ -181,11 +189,7 @@ def test_a_sigint_reaches_the_background_jobs_of_a_shell_command_as_sigterm(tmp_
         assert terminated.exists(), "the job was not sent SIGTERM"
         assert _loops("605.375") == []
     finally:
-        if gen.poll() is None:
-            gen.kill()
-        jobs = [q for q in psutil.process_iter(["cmdline"]) if str(tmp_path / "job.py") in (q.info["cmdline"] or [])]
-        for q in jobs + _loops("605.375"):  # this test's own only
-            q.kill()
+        _kill_own(gen, tmp_path / "job.py", "605.375")
 
 
 TTL_FINDING = "scenarios/findings/frozen-l2-locks-outlive-read-ttl.yaml"
