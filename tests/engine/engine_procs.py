@@ -98,6 +98,11 @@ class Proc:
             return ""
 
 
+#: Seconds a test's LMCache server has to answer /status, and a test's engine /health.
+LMCACHE_READY_S = 60.0
+ENGINE_READY_S = 90.0
+
+
 def wait_http(url: str, timeout_s: float, proc: Proc | None = None) -> None:
     """Wait for ``url`` to answer 2xx.
 
@@ -148,14 +153,21 @@ class LMCacheStack:
         return f"tcp://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """Start Redis and LMCache; wait until LMCache's /status answers."""
-        self.redis.start()
-        self.start_server()
+        """Start Redis and LMCache; wait until LMCache's /status answers. A start that fails
+        (LMCache not ready in :data:`LMCACHE_READY_S`) stops both before it raises: a fixture
+        that raises before its ``yield`` never runs its teardown, and a timed-out start on a
+        loaded host left a redis-server and an LMCache server running with parent 1."""
+        try:
+            self.redis.start()
+            self.start_server()
+        except BaseException:
+            self.stop()
+            raise
 
     def start_server(self) -> None:
         """(Re)start only the LMCache server on the same ports."""
         self.server.start()
-        wait_http(f"http://127.0.0.1:{self.http_port}/status", 60, self.server)
+        wait_http(f"http://127.0.0.1:{self.http_port}/status", LMCACHE_READY_S, self.server)
 
     def status(self) -> dict[str, Any]:
         """LMCache ``GET /status``."""
@@ -193,11 +205,16 @@ class Engine:
         self.client = httpx.Client(base_url=self.base, timeout=120)
 
     def start(self, wait_lmcache: bool = True) -> "Engine":
-        """Start and wait for /health (and for the LMCache connector when configured)."""
-        self.proc.start()
-        wait_http(self.base + "/health", 90, self.proc)
-        if wait_lmcache and "lmcache-mp" in self.args:
-            self.wait_lmcache("healthy", 60)
+        """Start and wait for /health (and for the LMCache connector when configured); a start
+        that fails stops the process before it raises (see :meth:`LMCacheStack.start`)."""
+        try:
+            self.proc.start()
+            wait_http(self.base + "/health", ENGINE_READY_S, self.proc)
+            if wait_lmcache and "lmcache-mp" in self.args:
+                self.wait_lmcache("healthy", 60)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_lmcache(self, state: str = "healthy", timeout_s: float = 30) -> None:
