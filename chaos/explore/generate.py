@@ -564,14 +564,14 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
 #: sharing prefixes (drop-cache-salt, 27 %). Each block of ``WINDOW_BLOCK`` scenarios of a seed gives
 #: each of them to one scenario (a shuffled deck): every seed meets each within its first
 #: ``WINDOW_BLOCK`` scenarios.
+WINDOW_FOCI: tuple[str, ...] = ("local-hit", "dropped-retrieve", "abort-in-load", "tenants")
+WINDOW_BLOCK = 6
+
 #: How long the ``dropped-retrieve`` window holds the engine before its retrieve, ms. The
 #: catalogue's 6 s was too short on a loaded host: seed 1 scenario 4 (load average about 25),
 #: the adapter counted LMCache unhealthy 5.8 s after the 3 s latency began, 0.2 s after the 6 s
 #: stall ended: the retrieve was sent, LMCache handled it late and released the locks itself.
 HELD_RETRIEVE_MS = 10_000
-
-WINDOW_FOCI: tuple[str, ...] = ("local-hit", "dropped-retrieve", "abort-in-load", "tenants")
-WINDOW_BLOCK = 6
 
 #: What the stack must offer for each window (a stack without it gets no such scenario).
 _FOCUS_NEEDS: dict[str, tuple[str, ...]] = {
