@@ -18,6 +18,10 @@ than ``min_requests`` completed requests looked up in LMCache, when the engine r
 cached_token_stats, when ``stored_prefix_full_hit`` is asked and no request of the phase re-sent
 a stored prefix (the case never happened), or when ``min_correct_hit_rate`` is set and no hit has
 a recompute expectation; passed otherwise. Failed wins over unknown across phases.
+
+Needs the engine's per-request cache accounting (``engine.cache_stats``), and the recompute twin
+when ``min_correct_hit_rate`` is set: a scenario whose stack lacks them is rejected at validation
+(chaos/checks/registry.py) instead of starting a stack whose every phase can only be unknown.
 """
 
 from __future__ import annotations
@@ -84,7 +88,12 @@ def _judge_phase(phase: str, hits: list[RequestHits],
     return verdict, problems, unknowns, d
 
 
-@register(NAME, HitQualityConfig)
+def _needs(cfg: HitQualityConfig) -> set[str]:
+    """The correct-hit rate compares each hit's output with the recompute twin's."""
+    return {"recompute"} if cfg.min_correct_hit_rate is not None else set()
+
+
+@register(NAME, HitQualityConfig, needs=("engine.cache_stats",), needs_for=_needs)
 def check(history: Sequence[Op | dict[str, Any]], snapshots: Snapshots,
           config: HitQualityConfig | dict[str, Any] | None = None) -> CheckResult:
     """Per-phase hit rates, stored-prefix full hits and the correct-hit rate, against the bounds.

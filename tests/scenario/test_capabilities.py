@@ -307,3 +307,36 @@ def test_a_fault_gate_must_name_a_known_capability_and_not_both_the_same(tmp_pat
         with pytest.raises(ConfigError) as exc:
             load_scenario(path)
         assert err in str(exc.value), str(exc.value)
+
+
+HIT_QUALITY = """\
+name: hit-quality-needs
+stack: stack.yml
+phases:
+  - name: warm
+  - name: hit
+checks:
+  hit_quality: {phases: [hit], min_correct_hit_rate: 1.0}
+"""
+
+
+def test_hit_quality_on_a_stack_without_cache_accounting_is_rejected_before_anything_starts(tmp_path: Path) -> None:
+    """hit_quality reads each request's cached_token_stats: on a stack that gives none (BARE, as
+    compose/sglang-lmcache.yml) every phase could only be unknown, so validation says so at the
+    check's line; its correct-hit rate needs the recompute twin too."""
+    from chaos.checks.registry import get as get_check
+
+    spec = get_check("hit_quality")
+    assert spec.capability_needs({"phases": ["hit"], "min_token_hit_rate": 0.9}) == {"engine.cache_stats"}
+    assert spec.capability_needs({"phases": ["hit"], "min_correct_hit_rate": 1.0}) == {"engine.cache_stats",
+                                                                                     "recompute"}
+    no_twin = BARE.replace("  recompute_url: http://127.0.0.1:${RECOMPUTE_PORT:-18101}\n", "")
+    path = _write(tmp_path, no_twin, HIT_QUALITY)
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 2, r.output
+    for what in ("s.yaml:7: ", "check hit_quality needs engine.cache_stats", "check hit_quality needs recompute"):
+        assert what in r.stderr, (what, r.stderr)
+    offered = no_twin + "  capabilities: [engine.cache_stats]\n"
+    path = _write(tmp_path, offered, HIT_QUALITY.replace("min_correct_hit_rate", "min_token_hit_rate"))
+    r = runner.invoke(app, ["validate", str(path)])
+    assert r.exit_code == 0, r.output + r.stderr
