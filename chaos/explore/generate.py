@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from chaos.duration import parse_duration
 from chaos.faults import STORE_OR_LOAD_WINDOWS, registry
 from chaos.faults.network import BLOCKING_TOXICS, LinkParams
 from chaos.scenario.needs import need_met
@@ -632,10 +633,7 @@ def _window_phases(focus: str, tune: random.Random, offer: StackOffer, workload:
                                  "grew_by": offer.chunk}]
         return [phase]
     if focus == "dropped-retrieve":
-        faults = [{"kind": "stall", "point": "before_retrieve", "seconds": _ms(HELD_RETRIEVE_MS), "count": 1,
-                   "until": "end"},
-                  {"kind": "latency", "link": "engine-lmcache", "stream": "downstream", "latency_ms": 3000,
-                   "start": "1500ms", "duration": _ms(HELD_RETRIEVE_MS + 4000)}]
+        faults = list(_held_retrieve_pair("engine-lmcache"))
     elif focus == "abort-in-load":
         faults = [{"kind": "cancel", "mode": "at_state", "state": "load", "storm": True, "start": "0ms",
                    "until": "end"}]
@@ -950,16 +948,27 @@ def _slow_link_under_held_retrieve(rng: random.Random, offer: StackOffer, faults
     LMCache never gets it and cannot release the lookup's read locks itself; only the engine's
     failed-load path frees them (planted short-free-after-failed-load). A retrieve_fail with
     ``break_with: pause`` does not reach this: the paused server handles the retrieve once
-    resumed and releases the locks itself. Changes ``faults`` in place (the stall is held 6 s,
-    once)."""
+    resumed and releases the locks itself. Changes ``faults`` in place: the stall is held
+    :data:`HELD_RETRIEVE_MS`, once, and the latency lasts past it (:func:`_held_retrieve_pair`,
+    the ``dropped-retrieve`` window's pair)."""
     link = "engine-lmcache"
     stalls = [f for f in faults if f["kind"] == "stall" and f["point"] == "before_retrieve"]
     if (not stalls or link not in offer.links or any(f.get("link") == link for f in faults)
             or rng.random() >= 0.9):
         return
-    stalls[0].update({"seconds": "6s", "count": 1})
-    faults.append({"kind": "latency", "link": link, "stream": "downstream", "latency_ms": 3000,
-                   "start": "1500ms", "duration": "12s"})
+    stall, latency = _held_retrieve_pair(link)
+    stalls[0].update({k: stall[k] for k in ("seconds", "count")})
+    faults.append(latency)
+
+
+def _held_retrieve_pair(link: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The stall that holds the engine :data:`HELD_RETRIEVE_MS` before its retrieve (once, until
+    the phase ends) and the 3 s latency of LMCache's answers on ``link`` from 1.5 s on, lasting 4 s
+    past the hold, that makes the adapter drop the held retrieve unsent."""
+    return ({"kind": "stall", "point": "before_retrieve", "seconds": _ms(HELD_RETRIEVE_MS), "count": 1,
+             "until": "end"},
+            {"kind": "latency", "link": link, "stream": "downstream", "latency_ms": 3000,
+             "start": "1500ms", "duration": _ms(HELD_RETRIEVE_MS + 4000)})
 
 
 #: LMCache's client gives a lookup up after this long (``--lmcache-mq-timeout``, 2 s on the
@@ -1046,7 +1055,8 @@ def _no_engine_flush_without_prefix_cache(phases: list[dict[str, Any]], engine: 
 
 
 def _seconds(text: str) -> float:
-    return float(text[:-2]) / 1000 if text.endswith("ms") else 0.0
+    """A generated duration (``"1500ms"``, ``"12s"``) in seconds (chaos/duration.py)."""
+    return parse_duration(text)
 
 
 def write_scenario(data: dict[str, Any], folder: Path) -> Path:

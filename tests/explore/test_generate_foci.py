@@ -131,3 +131,38 @@ def test_the_dropped_retrieve_phase_is_the_catalogues_and_lets_the_link_settle(o
                 assert any(f["kind"] == "tier_flush" and "engine" in f["tiers"] for f in faults)
             n += 1
     assert n == 30
+
+
+def _phase_fault_seconds(phase: dict) -> float:
+    from chaos.duration import parse_duration
+
+    return sum(parse_duration(f.get("duration", "0ms")) for f in phase.get("faults", []))
+
+
+def test_the_liveness_deadline_covers_every_phase_in_any_unit_and_the_held_retrieve_is_the_windows(offer) -> None:
+    """The deadline is 60 s + 2 x the longest phase's summed fault durations. The pairing of a
+    drawn stall before the retrieve with a slow link (``_slow_link_under_held_retrieve``) wrote
+    its latency's duration as "12s", which the generator's own reader took for 0 s (it read only
+    "ms"): seed 1 scenario 11's deadline was 60 s for a 12 s fault phase (6 more in seeds 1-3).
+    The pairing now holds the retrieve as long as the dropped-retrieve window does (10 s: 6 s
+    lost the race with the adapter's health check at load average 25)."""
+    short, held, paired = [], [], 0
+    for seed in (1, 2, 3):
+        for index in range(60):
+            d = generate(offer, seed, index)
+            longest = max(_phase_fault_seconds(p) for p in d["phases"])
+            if d["checks"]["liveness"]["request_deadline_s"] < 60 + 2 * longest:
+                short.append((seed, index, longest, d["checks"]["liveness"]["request_deadline_s"]))
+            for phase in d["phases"]:
+                if phase["name"] == "dropped-retrieve":
+                    continue
+                faults = phase.get("faults", [])
+                stalls = [f for f in faults if f["kind"] == "stall" and f["point"] == "before_retrieve"]
+                slow = [f for f in faults if f["kind"] == "latency" and f.get("start") == "1500ms"]
+                if stalls and slow:
+                    paired += 1
+                    if (stalls[0]["seconds"], slow[0]["duration"]) != ("10000ms", "14000ms"):
+                        held.append((seed, index, stalls[0]["seconds"], slow[0]["duration"]))
+    assert short == [], short
+    assert held == [], held
+    assert paired >= 1
