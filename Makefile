@@ -278,7 +278,7 @@ explore-smoke: setup
 
 ## Hostile input at acceptance size: 3,000 mutated scenarios + 500 mutated stack files + 500
 ## stack files of marker values (never printed) through `kvchaos validate`, each in its own
-## process, each under 5 s and 200 MB (reports/fuzz/).
+## process, each under 5 CPU-seconds (60 s of wall time) and 200 MB (reports/fuzz/).
 fuzz: setup
 	$(PY) scripts/fuzz_validate.py $(FUZZ_ARGS)
 

@@ -3,11 +3,13 @@
 in its own process (forked from a warmed-up one), with a time and a memory bound per case.
 
     .venv/bin/python scripts/fuzz_validate.py [--scenarios 3000] [--stacks 500] [--markers 500] [--seed 13]
-        [--timeout-s 5] [--memory-mib 200] [--json reports/fuzz/summary.json]
+        [--cpu-s 5] [--timeout-s 60] [--memory-mib 200] [--json reports/fuzz/summary.json]
 
 A case fails when `validate` exits other than 0 or 2, prints a traceback, an exit-2 line that
 names neither one of the case's files and a line nor a whole-file reason, the text of a canary
-file named by ``stack:``, a marker value of a stack file (marker cases), runs longer than --timeout-s, or peaks above --memory-mib resident
+file named by ``stack:``, a marker value of a stack file (marker cases), uses more than --cpu-s
+CPU seconds of its own or runs longer than --timeout-s of wall time (tests/fuzzing.py
+``too_slow``: the wall time alone is the host's load), or peaks above --memory-mib resident
 (the child's own ru_maxrss, which includes the interpreter and kvchaos: ~50 MiB). Mutations and
 the rule: tests/fuzzing.py. Exit code 0 when no case failed. `make fuzz` runs it.
 """
@@ -53,8 +55,9 @@ def run(kind: str, n: int, args, stats: dict, work_root: Path) -> None:
         if out.exit_code in (0, 2):
             rec[f"exit_{out.exit_code}"] += 1
         bad = fuzzing.problems_with(case, out.exit_code, out.output)
-        if out.timed_out:
-            bad.append(f"ran past {args.timeout_s:.0f}s")
+        slow = fuzzing.too_slow(out, cpu_s=args.cpu_s, wall_s=args.timeout_s)
+        if slow:
+            bad.append(slow)
         if out.max_rss_kib > args.memory_mib * 1024:
             bad.append(f"peaked at {out.max_rss_kib / 1024:.0f} MiB resident")
         if bad:
@@ -90,7 +93,8 @@ def main() -> int:
     ap.add_argument("--markers", type=int, default=500,
                     help="stack files whose values carry marker strings (none may be printed)")
     ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--timeout-s", type=float, default=5.0)
+    ap.add_argument("--cpu-s", type=float, default=fuzzing.CASE_CPU_SECONDS)
+    ap.add_argument("--timeout-s", type=float, default=fuzzing.CASE_WALL_SECONDS)
     ap.add_argument("--memory-mib", type=int, default=200)
     ap.add_argument("--json", type=Path, default=REPO / "reports" / "fuzz" / "summary.json")
     args = ap.parse_args()
@@ -101,7 +105,7 @@ def main() -> int:
     run("scenario", args.scenarios, args, stats, work_root)
     run("stack", args.stacks, args, stats, work_root)
     run("marker", args.markers, args, stats, work_root)
-    out = {"seed": args.seed, "wall_s": round(time.monotonic() - t0, 1), "timeout_s": args.timeout_s,
+    out = {"seed": args.seed, "wall_s": round(time.monotonic() - t0, 1), "timeout_s": args.timeout_s, "cpu_s": args.cpu_s,
            "memory_mib": args.memory_mib, **{k: summary(v) for k, v in stats.items()}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -360,6 +360,29 @@ class Outcome:
     max_rss_kib: int = 0
     timed_out: bool = False
     notes: list[str] = field(default_factory=list)
+    #: CPU seconds the validation itself used (user + system): what a case costs, whatever
+    #: else the host runs (None: not measured).
+    cpu_seconds: float | None = None
+
+
+#: A case's bounds: CPU seconds of its own (a parser that loops or blows up spends them), and a
+#: wall-clock bound far above it for a case that waits on nothing (a sleep, a blocking read).
+#: The wall time alone is the host's: at load average 21 on two cores a shipped file's
+#: mutation took 10.1 s of wall time (issue 34's loaded runs beside tests/scenario/test_fuzz.py).
+CASE_CPU_SECONDS = 5.0
+CASE_WALL_SECONDS = 60.0
+
+
+def too_slow(out: Outcome, cpu_s: float = CASE_CPU_SECONDS, wall_s: float = CASE_WALL_SECONDS) -> str | None:
+    """Why a validated case ran too long, or None: ``cpu_s`` or more of its own CPU time, or
+    ``wall_s`` or more of wall time (or killed at the caller's timeout)."""
+    if out.timed_out:
+        return f"ran past its timeout ({out.seconds:.1f}s)"
+    if out.cpu_seconds is not None and out.cpu_seconds >= cpu_s:
+        return f"used {out.cpu_seconds:.1f} CPU seconds"
+    if out.seconds >= wall_s:
+        return f"took {out.seconds:.1f}s of wall time"
+    return None
 
 
 def validate_in_process(case: Case) -> Outcome:
@@ -373,7 +396,7 @@ def validate_in_process(case: Case) -> Outcome:
     if not _COMMAND:
         warm_up()
     runner = CliRunner()
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.thread_time()
     with runner.isolation() as (_stdout, _stderr, output):
         try:
             _COMMAND[0].main(["validate", str(case.scenario)], prog_name="kvchaos")
@@ -392,7 +415,7 @@ def validate_in_process(case: Case) -> Outcome:
             sys.stdout.flush()
             sys.stderr.flush()
         out = output.getvalue().decode(runner.charset, "replace").replace("\r\n", "\n")
-    return Outcome(code, out + tail, time.monotonic() - t0)
+    return Outcome(code, out + tail, time.monotonic() - t0, cpu_seconds=time.thread_time() - cpu0)
 
 
 _COMMAND: list = []
@@ -410,9 +433,10 @@ def warm_up() -> None:
     _COMMAND[:] = [typer.main.get_command(app)]
 
 
-def validate_forked(case: Case, *, timeout_s: float = 5.0, memory_limit_mib: int = 1024) -> Outcome:
+def validate_forked(case: Case, *, timeout_s: float = CASE_WALL_SECONDS,
+                    memory_limit_mib: int = 1024) -> Outcome:
     """`kvchaos validate` on the case in a child forked from this (warmed-up) process: its exit
-    code, output, wall time and peak resident memory (the child's own ru_maxrss). The child is
+    code, output, wall time, CPU seconds and peak resident memory (the child's own rusage). The child is
     killed after ``timeout_s`` and cannot map more than ``memory_limit_mib`` beyond what it
     started with (a runaway case fails instead of eating the machine)."""
     import psutil
@@ -473,4 +497,5 @@ def validate_forked(case: Case, *, timeout_s: float = 5.0, memory_limit_mib: int
     os.close(read)
     seconds = time.monotonic() - t0
     code = os.waitstatus_to_exitcode(status)
-    return Outcome(code, b"".join(chunks).decode("utf-8", "replace"), seconds, ru.ru_maxrss, timed_out)
+    return Outcome(code, b"".join(chunks).decode("utf-8", "replace"), seconds, ru.ru_maxrss, timed_out,
+                   cpu_seconds=ru.ru_utime + ru.ru_stime)
