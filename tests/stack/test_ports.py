@@ -402,10 +402,20 @@ print(json.dumps({"claimed": [ports.claim(int(p), "stack:nobody") for p in sys.a
 
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
                     reason="needs root (to run a process as the user nobody) and /usr/bin/python3")
-def test_claim_files_of_a_umask_077_run_serve_another_user(claims):
+def test_claim_files_of_a_umask_077_run_serve_another_user(claims, tmp_path):
     """Root claims under umask 077; then the user nobody claims: a free port whose file root made
     is claimed (the file is 0666), a port root holds is refused, an old unreadable 0600 file
-    counts as held, and a port is picked, without a traceback."""
+    counts as held, and a port is picked, without a traceback. nobody runs a copy of
+    chaos/stack/ports.py in a folder it can read: the checkout may not be (a fresh clone in a
+    ``mktemp -d`` folder, mode 0700, failed here with a PermissionError on ports.py)."""
+    import shutil
+    import tempfile
+
+    readable = Path(tempfile.mkdtemp(prefix="kvchaos-ports-", dir="/tmp"))
+    os.chmod(readable, 0o755)
+    module = readable / "ports.py"
+    shutil.copyfile(REPO / "chaos" / "stack" / "ports.py", module)
+    os.chmod(module, 0o644)
     free = free_port()
     held = free_port(avoid={free})
     old_style = free_port(avoid={free, held})
@@ -415,13 +425,14 @@ def test_claim_files_of_a_umask_077_run_serve_another_user(claims):
         ports.release([free], "stack:root")
         (claims / str(old_style)).touch()
         os.chmod(claims / str(old_style), 0o600)
-        r = subprocess.run(["/usr/bin/python3", "-c", OTHER_USER, str(REPO / "chaos" / "stack" / "ports.py"),
+        r = subprocess.run(["/usr/bin/python3", "-c", OTHER_USER, str(module),
                             str(free), str(held), str(old_style)], capture_output=True, text=True, timeout=60,
                            user=65534, group=65534, env={"KVCHAOS_PORT_CLAIMS_DIR": str(claims), "PATH": "/usr/bin:/bin"},
                            cwd="/tmp")
     finally:
         os.umask(mask)
         ports.release([held], "stack:root")
+        shutil.rmtree(readable, ignore_errors=True)
     assert r.returncode == 0, r.stderr
     import json
 
