@@ -495,7 +495,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         phase: dict[str, Any] = {"name": f"fault-{p + 1}"}
         if faults:
             phase["faults"] = faults
-            longest = max(longest, sum(_seconds(f.get("duration", "0ms")) for f in faults))
+            longest = max(longest, sum(parse_duration(f.get("duration", "0ms")) for f in faults))
         if (faults and rng.random() < 0.2 and not any(f["kind"] == "cancel" for f in faults)
                 and not any(is_network(f) for f in faults)):
             # (a cancel picks requests as they start: requests racing its window's opening
@@ -521,7 +521,7 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
             # the engine's heartbeat must see LMCache again before the window's lookups
             window.insert(0, {"name": "settle", "requests": 0, "duration": "5s"})
         number += sum(len(ph.get("faults", [])) for ph in window)
-        longest = max([longest, *(sum(_seconds(f.get("duration", "0ms")) for f in ph.get("faults", []))
+        longest = max([longest, *(sum(parse_duration(f.get("duration", "0ms")) for f in ph.get("faults", []))
                                   for ph in window)])
         phases += window
     phases.append({"name": "recover", "requests": rng.choice([2, 4, 6])})
@@ -994,7 +994,7 @@ def _cuts_lmcache_off(fault: dict[str, Any], offer: StackOffer) -> bool:
     if kind == "latency":
         return fault["latency_ms"] > MQ_TIMEOUT_MS
     if kind == "stall":
-        return fault["point"] == "before_lookup" and _seconds(fault["seconds"]) * 1000 > MQ_TIMEOUT_MS
+        return fault["point"] == "before_lookup" and parse_duration(fault["seconds"]) * 1000 > MQ_TIMEOUT_MS
     return False
 
 
@@ -1052,11 +1052,6 @@ def _no_engine_flush_without_prefix_cache(phases: list[dict[str, Any]], engine: 
         for f in ph.get("faults", []):
             if f["kind"] == "tier_flush" and "engine" in f["tiers"]:
                 f["tiers"] = [t for t in f["tiers"] if t != "engine"] or ["l1"]
-
-
-def _seconds(text: str) -> float:
-    """A generated duration (``"1500ms"``, ``"12s"``) in seconds (chaos/duration.py)."""
-    return parse_duration(text)
 
 
 def write_scenario(data: dict[str, Any], folder: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.duration import parse_duration
 from chaos.explore.generate import (
     WINDOW_BLOCK, WINDOW_FOCI, generate, stack_offer, window_focus, write_scenario,
 )
@@ -134,8 +135,6 @@ def test_the_dropped_retrieve_phase_is_the_catalogues_and_lets_the_link_settle(o
 
 
 def _phase_fault_seconds(phase: dict) -> float:
-    from chaos.duration import parse_duration
-
     return sum(parse_duration(f.get("duration", "0ms")) for f in phase.get("faults", []))
 
 

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from chaos.scenario.loader import load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
-from fuzzing import (BAD_TAGGED, MARKERS, REPO, Outcome, marker_stack_case, problems_with, scenario_case,
-                     stack_case, too_slow, validate_in_process, yaml_paths)
+from fuzzing import (BAD_TAGGED, MARKERS, REPO, Case, Outcome, marker_stack_case, problems_with, scenario_case,
+                     stack_case, too_slow, validate_forked, validate_in_process, yaml_paths)
 
 from .samples import GOOD, STACK
 
@@ -238,8 +238,6 @@ def test_a_case_is_bounded_by_its_own_cpu_time_not_the_hosts_load(tmp_path: Path
     assert "wall time" in too_slow(Outcome(2, "", seconds=61.0, cpu_seconds=0.1))
     assert "timeout" in too_slow(Outcome(2, "", seconds=5.0, cpu_seconds=0.1, timed_out=True))
     # both ways of running a case measure the case's own CPU seconds
-    from fuzzing import Case, validate_forked
-
     work = _fresh(tmp_path)
     path = work / "smoke.yaml"
     path.write_text((REPO / "scenarios" / "smoke.yaml").read_text().replace(
