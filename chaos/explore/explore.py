@@ -39,8 +39,8 @@ from typing import Any
 from chaos import interrupts
 from chaos.explore.generate import StackOffer, generate, write_scenario
 from chaos.explore.guidance import CounterGuide, counter_totals, grown
-from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, match_known, run_log_window,
-                                    signature_of)
+from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, match_known,
+                                    run_log_window, signature_of)
 from chaos.stack.base import StackError, new_run_id
 
 __all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "undecided_checks",
@@ -648,8 +648,17 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     else:  # no shrunk file: the generated scenario, as it ran, is the reproducer
         shutil.copyfile(row["scenario_file"], target)
         _relink_stack(target, Path(row["scenario_file"]).parent)
-    known = match_known(sig, opts.known, planted_bugs=bool(result.engine_bugs), stack=Path(summary.stack).stem,
-                        logs=_run_logs(summary.stack, run_dir, result))
+    # the parts of the stack the reproducer's faults act on (none when it needs no fault)
+    targets = fault_targets(final, summary.stack) if sig.faults else frozenset()
+    marks_dir, started_at, planted = run_dir, getattr(result, "started_at", None), bool(result.engine_bugs)
+    if probe.get("attributed_to_bug") is False and probe.get("clean_engine_run_dir"):
+        # The clean engine failed it too (the control): a failure of the stack, not of the planted
+        # bug, which a shipped finding may be; its marks are looked for in the control's logs
+        # (seed 1 scenarios 2 and 8 with planted bugs: the slow and frozen L2 read-lock leaks).
+        marks_dir = Path(probe["clean_engine_run_dir"])
+        started_at, planted = _started_at(marks_dir), False
+    known = match_known(sig, opts.known, planted_bugs=planted, stack=Path(summary.stack).stem,
+                        logs=_run_logs(summary.stack, marks_dir, started_at), targets=targets)
     summary.signatures[text] = {
         "signature": text, "checks": list(sig.checks), "failed_checks": list(row["failed_checks"]),
         "diagnosis": sig.diagnosis, "faults": list(sig.faults),
@@ -664,10 +673,19 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     return summary.signatures[text]
 
 
-def _run_logs(stack: str, run_dir: Path, result: Any) -> Callable[[str], str]:
+def _started_at(run_dir: Path) -> str | None:
+    """A run's ``started_at`` (its ``result.json``); None when it has none or cannot be read."""
+    try:
+        return json.loads((run_dir / "result.json").read_text()).get("started_at")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _run_logs(stack: str, run_dir: Path, started_at: str | None) -> Callable[[str], str]:
     """service (a stack role or a compose service) -> what it logged during the run of
-    ``run_dir`` (its collected ``logs/<service>.log`` from ``result.started_at`` on), for the
-    ``xfail.marks`` of known findings; "" for a service the stack lacks or a log not collected."""
+    ``run_dir`` (its collected ``logs/<service>.log`` from ``started_at``, the run's
+    ``result.started_at``, on), for the ``xfail.marks`` of known findings; "" for a service the
+    stack lacks or a log not collected."""
     from chaos.probes import resolve_service
     from chaos.stack.spec import load_stack
 
@@ -681,7 +699,7 @@ def _run_logs(stack: str, run_dir: Path, result: Any) -> Callable[[str], str]:
             name = resolve_service(service, settings) if settings is not None else service
         except ValueError:
             return ""
-        return run_log_window(run_dir / "logs" / f"{name}.log", getattr(result, "started_at", None))
+        return run_log_window(run_dir / "logs" / f"{name}.log", started_at)
 
     return logs
 

@@ -8,8 +8,14 @@
     a signature is "known" when every failed check of the signature is one of the checks a
     shipped finding runs (and the run planted no engine bug: a planted bug is never an upstream
     finding), and either the finding has ``xfail.marks`` and the failing run logged every one of
-    them with at least the finding's fault kinds (the marks show its mechanism; other faults were
-    by the way), or it has none and the same fault kinds
+    them with a fault on each part of the stack the finding's faults act on (the marks show its
+    mechanism, the part is where it was reached: a latency on the LMCache->Redis link, a
+    ``timeout`` on it and a pause of Redis all hold LMCache's L2 reads; other faults were by the
+    way), or it has none and the same fault kinds
+
+A fault's target (:func:`fault_targets`): ``l2`` for a fault on a link to the L2 server or on
+the L2 server's service (Redis), ``link:<name>`` / ``service:<name>`` for one on another link
+or service, ``kind:<kind>`` for one that names neither (a stall, a tier flush, a cancel).
 
 The diagnosis class is the verdict ``kvchaos diagnose`` gave most of the run's failing requests,
 without its detail in parentheses (``kv_content (zero)`` -> ``kv_content``); none when the run
@@ -29,8 +35,8 @@ from chaos.scenario.loader import discover_scenarios, load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-__all__ = ["Signature", "KnownFinding", "diagnosis_class", "known_findings", "match_known", "run_log_window",
-           "signature_of"]
+__all__ = ["Signature", "KnownFinding", "diagnosis_class", "fault_targets", "known_findings", "match_known",
+           "run_log_window", "signature_of"]
 
 
 @dataclass(frozen=True, order=True)
@@ -89,6 +95,41 @@ def signature_of(failed_checks: Iterable[str], diagnosis: str, scenario: Scenari
     return Signature(checks=tuple(sorted(runs or failed)), diagnosis=diagnosis, faults=kinds)
 
 
+def fault_targets(scenario: Scenario, stack: str | Path | None = None) -> frozenset[str]:
+    """The parts of the stack ``scenario``'s faults act on (module docstring: ``l2``,
+    ``link:<name>``, ``service:<name>``, ``kind:<kind>``).
+
+    Args:
+        scenario: the scenario (a shrunk or generated one, or a shipped finding).
+        stack: the stack file that tells which links lead to the L2 server and which service it
+            is (``x-kvchaos`` links and ``redis``); None: the scenario's own ``stack``. A stack
+            that does not load gives no ``l2`` target (each link and service by its name).
+
+    Returns:
+        The targets; empty for a scenario without faults.
+    """
+    from chaos.explore.generate import stack_offer
+
+    l2_links: tuple[str, ...] = ()
+    l2_services: set[str] = set()
+    try:
+        offer = stack_offer(stack if stack is not None else scenario.stack)
+    except (ConfigError, OSError, ValueError):
+        offer = None
+    if offer is not None and offer.redis:
+        l2_links, l2_services = offer.l2_links, {offer.redis, "redis"}  # its name or its role
+    out = set()
+    for _p, _i, f in scenario.faults():
+        link, service = getattr(f, "link", None), getattr(f, "service", None)
+        if link is not None:
+            out.add("l2" if link in l2_links else f"link:{link}")
+        elif service is not None:
+            out.add("l2" if service in l2_services else f"service:{service}")
+        else:
+            out.add(f"kind:{f.kind}")
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class KnownFinding:
     """A shipped xfail scenario, as explore compares it.
@@ -100,6 +141,7 @@ class KnownFinding:
         checks: the checks it runs.
         stacks: the stacks (file stems) its ``xfail.stacks`` limits it to; None: every stack.
         marks: its ``xfail.marks`` as (service, regular expression) pairs; empty: none.
+        targets: the parts of its stack its faults act on (:func:`fault_targets`).
     """
 
     name: str
@@ -108,6 +150,7 @@ class KnownFinding:
     checks: frozenset[str]
     stacks: tuple[str, ...] | None = None
     marks: tuple[tuple[str, str], ...] = ()
+    targets: frozenset[str] = frozenset()
 
 
 def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
@@ -127,12 +170,14 @@ def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
             out.append(KnownFinding(name=s.name, file=str(path), faults=tuple(sorted({f.kind for _p, _i, f in s.faults()})),
                                     checks=frozenset(s.checks.enabled()),
                                     stacks=tuple(s.xfail.stacks) if s.xfail.stacks is not None else None,
-                                    marks=tuple((m.service, m.log) for m in s.xfail.marks or ())))
+                                    marks=tuple((m.service, m.log) for m in s.xfail.marks or ()),
+                                    targets=fault_targets(s)))
     return out
 
 
 def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool,
-                stack: str | None = None, logs: Callable[[str], str] | None = None) -> KnownFinding | None:
+                stack: str | None = None, logs: Callable[[str], str] | None = None,
+                targets: Iterable[str] | None = None) -> KnownFinding | None:
     """The shipped finding ``sig`` matches, or None; never one when the run planted engine bugs.
 
     A finding matches when it is expected to fail on ``stack`` (a stack file's stem: its
@@ -140,27 +185,38 @@ def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: 
     is one it runs, and then:
 
     - a finding with ``xfail.marks``, given ``logs`` (a service -> the text it logged during the
-      failing run, "" when none): each mark matches a line, and the finding's fault kinds are
-      among those of ``sig`` (the others were by the way); a run that did not log them is not
-      this bug, even with the same kinds (a pause of LMCache is not a pause of Redis);
+      failing run, "" when none): each mark matches a line, and the run faulted each part of the
+      stack the finding's faults act on (``targets``: :func:`fault_targets` of the scenario that
+      failed; None: the finding's fault kinds are among those of ``sig`` instead); the other
+      faults were by the way. A run that did not log the marks is not this bug, even with the
+      same kinds (a pause of LMCache is not a pause of Redis);
     - otherwise (no marks, or ``logs`` None): the same fault kinds.
+
+    Among several findings that match, one whose fault kinds are among those of ``sig`` comes
+    first (slow-l2-read-lock-leak for a latency on the L2 link, frozen-l2-read-lock-leak for a
+    pause of Redis; both have the same mark).
     """
     if planted_bugs or not sig.checks:
         return None
     texts: dict[str, str] = {}
+    run_targets = frozenset(targets) if targets is not None else None
+    by_target: KnownFinding | None = None
     for k in known:
         if stack is not None and k.stacks is not None and stack not in k.stacks:
             continue
         if not set(sig.checks) <= k.checks:
             continue
         if k.marks and logs is not None:
-            if set(k.faults) <= set(sig.faults) and all(
-                    re.search(pattern, texts.setdefault(service, logs(service)), re.MULTILINE)
-                    for service, pattern in k.marks):
-                return k
+            same_kinds = set(k.faults) <= set(sig.faults)
+            reached = k.targets <= run_targets if run_targets is not None and k.targets else same_kinds
+            if reached and all(re.search(pattern, texts.setdefault(service, logs(service)), re.MULTILINE)
+                               for service, pattern in k.marks):
+                if same_kinds:
+                    return k
+                by_target = by_target or k
         elif k.faults == sig.faults:
             return k
-    return None
+    return by_target
 
 
 #: A log line's time: docker's RFC 3339 UTC prefix (``--backend compose``), else the first local

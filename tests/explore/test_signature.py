@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, known_findings, match_known,
-                                    run_log_window, signature_of)
+from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, known_findings,
+                                    match_known, run_log_window, signature_of)
 from chaos.scenario.loader import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,3 +215,64 @@ def test_a_wrong_output_from_flipped_l2_objects_is_the_bitflip_finding(tmp_path:
     log.write_text(from_l1 + "\n")
     assert match_known(sig, known, planted_bugs=False, stack="reference",
                        logs=lambda s: run_log_window(log, "2026-12-06T19:03:36") if s == "lmcache" else "") is None
+
+
+def _frozen_l2_log(tmp_path: Path) -> Path:
+    """LMCache's log of `kvchaos run` of explore's seed 1 scenario 8 on compose/reference.yml,
+    real Toxiproxy, 2026-12-07 (the run started 17:03:23; leaks failed, read_locked_count=2)."""
+    log = tmp_path / "lmcache.log"
+    log.write_text("\x1b[33;20m[2026-12-07 17:03:58,629] LMCache WARNING:\x1b[0m free_lookup_locks for request "
+                   "fault-2-0-0 while its prefetch is still running; leaving its locks to the prefetch controller "
+                   "\x1b[3m(lookup.py:427:lmcache.v1.multiprocess.modules.lookup)\x1b[0m\n")
+    return log
+
+
+def test_an_l2_lock_leak_reached_by_another_fault_on_the_l2_link_is_known(tmp_path: Path) -> None:
+    """Seed 1 scenario 8 (compose/reference.yml): an upstream `timeout` toxic on lmcache-redis
+    with L1 and fs flushed holds LMCache's L2 reads as a pause of Redis or a latency on that link
+    does; leaks failed and LMCache logged the L2 lock leak's mark, yet explore reported a new
+    signature, since neither finding's fault kind (pause, latency) was the run's. The part of the
+    stack faulted (the L2 server's path) and the mark make it known."""
+    from chaos.explore.generate import generate, stack_offer, write_scenario
+
+    stack = REPO / "compose" / "reference.yml"
+    ran = load_scenario(write_scenario(generate(stack_offer(stack), 1, 8), tmp_path / "gen"))
+    targets = fault_targets(ran, stack)
+    assert {"l2", "link:engine-lmcache", "kind:stall", "kind:tier_flush"} == targets
+    known = known_findings([REPO / "scenarios"])
+    assert {k.name: k.targets for k in known}["frozen-l2-read-lock-leak"] == {"l2"}  # pause of Redis
+    assert {k.name: k.targets for k in known}["slow-l2-read-lock-leak"] == {"l2"}  # latency on lmcache-redis
+    log = _frozen_l2_log(tmp_path)
+
+    def logs(service: str) -> str:
+        return run_log_window(log, "2026-12-07T17:03:23") if service == "lmcache" else ""
+
+    shrunk = Signature(("leaks",), "", ("tier_flush", "timeout"))
+    hit = match_known(shrunk, known, planted_bugs=False, stack="reference", logs=logs,
+                      targets={"l2", "kind:tier_flush"})
+    assert hit is not None and hit.name in ("frozen-l2-read-lock-leak", "slow-l2-read-lock-leak",
+                                            "frozen-l2-locks-outlive-read-ttl")
+    # by fault kinds alone (no targets given) it was new: the report this fixes
+    assert match_known(shrunk, known, planted_bugs=False, stack="reference", logs=logs) is None
+    # the mark without a fault on the L2 path (a latency on engine->LMCache only) is not this
+    # finding, though the kind is slow-l2-read-lock-leak's own
+    engine_side = Signature(("leaks",), "", ("latency",))
+    assert match_known(engine_side, known, planted_bugs=False, stack="reference", logs=logs,
+                       targets={"link:engine-lmcache"}) is None
+    # the L2 path faulted but the mark not logged: not known
+    assert match_known(shrunk, known, planted_bugs=False, stack="reference", logs=lambda s: "",
+                       targets={"l2", "kind:tier_flush"}) is None
+    # a latency on the L2 link: the finding with that kind comes first
+    slow = match_known(Signature(("leaks",), "", ("latency", "tier_flush")), known, planted_bugs=False,
+                       stack="reference", logs=logs, targets={"l2", "kind:tier_flush"})
+    assert slow is not None and slow.name == "slow-l2-read-lock-leak"
+
+
+def test_fault_targets_name_the_l2_server_by_link_and_by_service() -> None:
+    frozen = load_scenario(REPO / "scenarios" / "findings" / "frozen-l2-read-lock-leak.yaml")
+    assert fault_targets(frozen) == {"l2"}
+    pause = load_scenario(REPO / "scenarios" / "lmcache-pause.yaml")
+    assert "l2" not in fault_targets(pause)
+    # a stack file that does not load: each link and service by its own name
+    slow = load_scenario(REPO / "scenarios" / "findings" / "slow-l2-read-lock-leak.yaml")
+    assert fault_targets(slow, REPO / "no-such-stack.yml") == {"link:lmcache-redis"}

@@ -224,3 +224,57 @@ def test_an_end_session_drop_of_the_vllm_stack_beside_a_reset_is_reported_known(
                            "explore-4101-1", "active_sessions=5")
         assert entry["signature"] == "checks=leaks | diagnosis=- | faults=latency+reset_peer"
         assert entry["known"] == known
+
+
+def test_a_planted_bug_run_whose_failure_the_clean_engine_shares_is_matched_to_known_findings(tmp_path: Path) -> None:
+    """Input that showed it: `benchmarks/explore_planted.py` (seed 1, 2026-12-07) for
+    hold-blocks-on-abort and drop-cache-salt: scenario 8 (an upstream `timeout` on lmcache-redis
+    with L1 and fs flushed, beside a held retrieve) failed `leaks` with the bug planted, and its
+    control on the clean engine failed `leaks` too (read_locked_count=2; LMCache logged the L2
+    read-lock leak's mark). A run with a planted bug is never matched to a shipped finding, so
+    the stack's own failure was reported as a new signature. The control, a clean-engine run,
+    is matched instead: by the marks in its logs and the part of the stack the faults hit."""
+    from chaos.explore.explore import _sign
+    from chaos.explore.signature import known_findings
+
+    offer = stack_offer(REPO / "compose" / "reference.yml")
+    data = generate(offer, 1, 8)
+    data["engine"] = {"bugs": ["hold-blocks-on-abort"]}
+    path = write_scenario(data, tmp_path / "scenarios")
+    scenario = check_scenario(path).scenario
+    summary = ExploreSummary(explore_id="explore-1-x", folder=tmp_path / "out", stack=str(offer.path), seed=1,
+                             bugs=["hold-blocks-on-abort"], budget_s=60, max_runs=9, started_at="now")
+    opts = ExploreOptions(seed=1, shrink_budget_s=0, known=known_findings([REPO / "scenarios"]))
+    (tmp_path / "out" / "findings").mkdir(parents=True)
+    mark = ("\x1b[33;20m[2026-12-07 17:03:58,629] LMCache WARNING:\x1b[0m free_lookup_locks for request fault-2-0-0 "
+            "while its prefetch is still running; leaving its locks to the prefetch controller "
+            "\x1b[3m(lookup.py:427:lmcache.v1.multiprocess.modules.lookup)\x1b[0m")
+    cases = [  # (the control's outcome, its failed checks, attributed, its lmcache.log, known?)
+        ("failed", ["leaks"], False, [mark], True),
+        ("failed", ["leaks"], False, ["[2026-12-07 17:03:59,000] LMCache INFO: Stored 512 tokens"], False),
+        ("passed", [], True, [mark], False),  # the bug's: never an upstream finding
+    ]
+    for i, (outcome, failed, attributed, lines, known) in enumerate(cases):
+        run_dir = tmp_path / "runs" / f"r{i}"
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "lmcache.log").write_text(mark + "\n")  # the planted run logged it too
+        cdir = run_dir / "control" / f"c{i}"
+        (cdir / "logs").mkdir(parents=True)
+        (cdir / "logs" / "lmcache.log").write_text("\n".join(lines) + "\n")
+        (cdir / "result.json").write_text(json.dumps({"started_at": "2026-12-07T17:03:42"}))
+        result = build_result(run_id=f"r{i}", scenario="explore-1-8", history=[], scenario_path=str(path),
+                              started_at="2026-12-07T17:03:42", engine_bugs=["hold-blocks-on-abort"],
+                              checks=[CheckResult(name="leaks", verdict="failed", summary="read_locked_count=2")])
+        _record(summary, i, path, run_dir, result, 1.0, 10.0)
+        summary.signatures.clear()
+        probe = {"clean_engine": outcome, "clean_engine_failed_checks": failed, "clean_engine_run_dir": str(cdir),
+                 "attributed_to_bug": attributed, "faults_irrelevant": "control" if attributed else None}
+        entry = _sign(summary, opts, i, run_dir, result, summary.runs[-1], "", scenario, {"done": False},
+                      tmp_path / "pending.yaml", (("leaks",), "", ()), {}, tmp_path / "out" / "findings", 0.0,
+                      lambda _m: None, probe)
+        assert entry is not None
+        if known:
+            assert entry["known"] in ("frozen-l2-read-lock-leak", "slow-l2-read-lock-leak",
+                                      "frozen-l2-locks-outlive-read-ttl"), entry["known"]
+        else:
+            assert entry["known"] is None, (i, entry["known"])
