@@ -59,15 +59,21 @@ def test_an_inconclusive_run_that_reached_its_window_is_counted_by_its_undecided
     assert summary.as_dict()["inconclusive_by_trigger"] == {"check hit_quality: undecided": 1}
 
 
-def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> None:
+def _planted(tmp_path: Path, seed: int, index: int, bug: str, *, max_runs: int, known=()) -> tuple:
+    """Scenario ``index`` of ``seed`` on compose/reference.yml with ``bug`` planted, written under
+    ``tmp_path/scenarios``: (the scenario, its path, an empty summary, the options)."""
     offer = stack_offer(REPO / "compose" / "reference.yml")
-    data = generate(offer, 5, 0)
-    data["engine"] = {"bugs": ["hit-plus-one-chunk"]}
+    data = generate(offer, seed, index)
+    data["engine"] = {"bugs": [bug]}
     path = write_scenario(data, tmp_path / "scenarios")
-    scenario = check_scenario(path).scenario
-    summary = ExploreSummary(explore_id="explore-5-x", folder=tmp_path / "out", stack=str(offer.path), seed=5,
-                             bugs=["hit-plus-one-chunk"], budget_s=60, max_runs=2, started_at="now")
-    opts = ExploreOptions(seed=5, shrink_budget_s=0)
+    summary = ExploreSummary(explore_id=f"explore-{seed}-x", folder=tmp_path / "out", stack=str(offer.path),
+                             seed=seed, bugs=[bug], budget_s=60, max_runs=max_runs, started_at="now")
+    return check_scenario(path).scenario, path, summary, ExploreOptions(seed=seed, shrink_budget_s=0,
+                                                                        known=list(known))
+
+
+def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> None:
+    scenario, path, summary, opts = _planted(tmp_path, 5, 0, "hit-plus-one-chunk", max_runs=2)
     failing = [CheckResult(name="recompute_equivalence", verdict="failed", summary="token 1 differs")]
     pre_seen: dict = {}
     for i in range(2):
@@ -81,7 +87,7 @@ def test_a_failure_seen_twice_is_one_signature_counted_twice(tmp_path: Path) -> 
     (sig,) = summary.signatures.values()
     assert sig["count"] == 2 and sig["first_run_index"] == 0 and sig["first_elapsed_s"] == 10.0
     assert sig["known"] is None and not sig["shrink"]["done"]
-    kinds = sorted({f["kind"] for p in data["phases"] for f in p.get("faults", [])})
+    kinds = sorted({f.kind for _p, _i, f in scenario.faults()})
     assert sig["faults"] == kinds and sig["checks"] == ["recompute_equivalence"]
     check = check_scenario(sig["scenario"], require_commands=True)  # the copied file, its stack relinked
     assert check.ok, check.error()
@@ -237,14 +243,8 @@ def test_a_planted_bug_run_whose_failure_the_clean_engine_shares_is_matched_to_k
     from chaos.explore.explore import _sign
     from chaos.explore.signature import known_findings
 
-    offer = stack_offer(REPO / "compose" / "reference.yml")
-    data = generate(offer, 1, 8)
-    data["engine"] = {"bugs": ["hold-blocks-on-abort"]}
-    path = write_scenario(data, tmp_path / "scenarios")
-    scenario = check_scenario(path).scenario
-    summary = ExploreSummary(explore_id="explore-1-x", folder=tmp_path / "out", stack=str(offer.path), seed=1,
-                             bugs=["hold-blocks-on-abort"], budget_s=60, max_runs=9, started_at="now")
-    opts = ExploreOptions(seed=1, shrink_budget_s=0, known=known_findings([REPO / "scenarios"]))
+    scenario, path, summary, opts = _planted(tmp_path, 1, 8, "hold-blocks-on-abort", max_runs=9,
+                                             known=known_findings([REPO / "scenarios"]))
     (tmp_path / "out" / "findings").mkdir(parents=True)
     mark = ("\x1b[33;20m[2026-12-07 17:03:58,629] LMCache WARNING:\x1b[0m free_lookup_locks for request fault-2-0-0 "
             "while its prefetch is still running; leaving its locks to the prefetch controller "
