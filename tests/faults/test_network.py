@@ -108,8 +108,20 @@ def test_latency_bites_and_says_so(proxy, link, real):
             assert ev["acted_on"] == 1
     fault.heal(ctx)
     assert fault.evidence(ctx)["bit"] is True  # still known after heal
-    got, took = _roundtrip(link)
-    assert got == b"ping" and took < 0.25
+    assert _fast_roundtrip(link, under_s=0.25), "a round trip still as slow as the healed 300 ms latency"
+
+
+def _fast_roundtrip(listen: str, under_s: float, within_s: float = 10.0) -> bool:
+    """Whether, within ``within_s``, one echo round trip through ``listen`` comes back in under
+    ``under_s`` (which a latency toxic of more than that could not give). Not one round trip
+    alone: on a loaded host one may be slow with no toxic at all."""
+    deadline = time.monotonic() + within_s
+    while True:
+        got, took = _roundtrip(listen)
+        if got == b"ping" and took < under_s:
+            return True
+        if time.monotonic() > deadline:
+            return False
 
 
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))

@@ -37,10 +37,10 @@ def validate(*args: str):
 def test_a_billion_laughs_scenario_fails_fast_at_the_alias(write):
     text = GOOD.replace("checks:\n", "x:\n" + bomb(indent="  ") + "checks:\n")
     path = write(text)
-    t0 = time.monotonic()
+    t0 = time.process_time()  # the CPU it spends, not the host's load (tests/fuzzing.py)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = validate(str(path))
-    assert time.monotonic() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
     assert r.exit_code == 2
     first_alias_line = text.splitlines().index(next(ln for ln in text.splitlines() if "*a3" in ln)) + 1
@@ -150,10 +150,10 @@ def test_a_large_file_is_refused_before_it_is_read(tmp_path):
     with open(big, "wb") as f:
         f.truncate(2 * 1024 ** 3)  # sparse: 2 GiB that would take long to parse
     assert "file too large" in (path_problem(big) or "")
-    t0 = time.monotonic()
+    t0 = time.process_time()
     with pytest.raises(ConfigError, match="file too large"):
         load_yaml(big)
-    assert time.monotonic() - t0 < 1
+    assert time.process_time() - t0 < 1
 
 
 def test_many_aliases_and_expanded_values_are_bounded():
