@@ -452,6 +452,8 @@ def generate(offer: StackOffer, seed: int, index: int) -> dict[str, Any]:
         variables["ENGINE_NUM_BLOCKS"] = str(_preempting_pool(tune, workload, offer))
     if focus == "tenants" and "tenants" not in workload:
         workload["tenants"] = tune.choice([2, 3, ["team-a", "team-b"]])
+    if "tenants" in workload:
+        _every_tenant_sends_every_family(workload, offer, keep_concurrency=small_pool)
     phases: list[dict[str, Any]] = [{"name": "warm"}]
     hit_phase = (not drawn_prefix_caching and workload.get("turns", 1) == 1 and offer.has("engine.metrics")
                  and rng.random() < 0.5)
@@ -750,6 +752,33 @@ def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer
     used = [lengths[i % len(lengths)] for i in range(workload["families"])]
     if max(used) < offer.chunk:
         workload["families"] = max(workload["families"], len(lengths))
+
+
+def _every_tenant_sends_every_family(workload: dict[str, Any], offer: StackOffer, *, keep_concurrency: bool) -> None:
+    """A workload of tenants whose every phase sends each family from each tenant, the second
+    tenant's after the first's were admitted: what a cache key without the tenant (a dropped
+    ``cache_salt``) serves across tenants, so the ``isolation`` check has hits to judge.
+
+    Conversation c has family ``c % families`` and tenant ``(c // families) % tenants``
+    (chaos/workload/generator.py ``plan_phase``), so a phase needs ``families x tenants``
+    conversations of ``turns`` requests each: seed 1 scenario 3 (6 requests, 3 turns, 2 families,
+    2 tenants) had 2 conversations, both of tenant 0, and drop-cache-salt's dealt window could
+    not show. Families are cut to what the requests hold (never below the first one whose prefix
+    fills a chunk: a shorter one stores nothing), then requests raised to the families' need;
+    concurrency at most ``families`` (scenarios/tenant-isolation.yaml: 2 families, 2 tenants,
+    concurrency 2), unless ``keep_concurrency`` (a pool sized for requests at once). Changes
+    ``workload`` in place (no draw)."""
+    tenants = workload["tenants"]
+    n_tenants = len(tenants) if isinstance(tenants, list) else int(tenants)
+    per_family = workload.get("turns", 1) * n_tenants
+    lengths = workload["prefix_tokens"]
+    stores = next((i + 1 for i in range(workload["families"]) if lengths[i % len(lengths)] >= offer.chunk),
+                  workload["families"])
+    families = max(stores, min(workload["families"], workload["requests"] // per_family))
+    workload["families"] = families
+    workload["requests"] = max(workload["requests"], families * per_family)
+    if not keep_concurrency:
+        workload["concurrency"] = min(workload["concurrency"], families)
 
 
 def _preempting_pool(tune: random.Random, workload: dict[str, Any], offer: StackOffer) -> int:

@@ -165,3 +165,35 @@ def test_no_network_fault_behind_a_cut_of_its_link(offer) -> None:
                             a.get("stream") == b.get("stream") and {a["kind"], b["kind"]} & blocking):
                         bad.append(f"{label} phase {phase['name']}: {a['kind']} and {b['kind']} on {a['link']}")
     assert bad == [], f"{len(bad)} on {offer.path.name}: {bad[:5]}"
+
+
+def test_every_tenant_sends_every_family_in_each_phase(offer) -> None:
+    """Seed 1 scenario 3 on compose/reference.yml, drop-cache-salt's dealt window (2026-12-07):
+    6 requests in conversations of 3 turns, 2 families, 2 tenants: 2 conversations, both of
+    tenant 0, so no request of another tenant could be served the first one's KV and the
+    isolation check had nothing to judge. Each phase of a workload with tenants now sends every
+    family with a full chunk from every tenant, with at most one conversation per family at a
+    time (the second tenant's after the first's started)."""
+    from chaos.workload.generator import plan_phase
+    from chaos.workload.spec import WorkloadSpec
+
+    checked = 0
+    for label, data in _scenarios(offer, seeds=range(1, 120), per_seed=8):
+        if "tenants" not in data["workload"]:
+            continue
+        spec = WorkloadSpec.model_validate(data["workload"])
+        stored = [f for f, n in enumerate(spec.prefix_lengths) if n >= offer.chunk]
+        assert stored, label
+        for phase in data["phases"]:
+            if phase.get("requests") == 0:
+                continue
+            plan = plan_phase(spec, data["seed"], phase["name"], phase.get("requests"))
+            if phase.get("requests") is None:  # the workload's own count: every pair
+                sent = {(c.family, c.cache_salt) for c in plan}
+                assert {(f, s) for f in stored for s in spec.salts} <= sent, (label, phase["name"], sent)
+        if "ENGINE_NUM_BLOCKS" not in data.get("variables", {}):  # a pool sized for requests at once
+            assert data["workload"]["concurrency"] <= spec.families, label
+        checked += 1
+    assert checked > 50, checked
+    data = generate(stack_offer(REPO / "compose" / "reference.yml"), 1, 3)
+    assert data["workload"]["tenants"] == 2 and data["workload"]["requests"] >= 6
