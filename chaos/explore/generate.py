@@ -756,7 +756,7 @@ def _every_family_stores_or_one_does(workload: dict[str, Any], offer: StackOffer
 
 def _every_tenant_sends_every_family(workload: dict[str, Any], offer: StackOffer, *, keep_concurrency: bool) -> None:
     """A workload of tenants whose every phase sends each family from each tenant, the second
-    tenant's after the first's were admitted: what a cache key without the tenant (a dropped
+    tenant's conversation of a family queued behind the first's: what a cache key without the tenant (a dropped
     ``cache_salt``) serves across tenants, so the ``isolation`` check has hits to judge.
 
     Conversation c has family ``c % families`` and tenant ``(c // families) % tenants``

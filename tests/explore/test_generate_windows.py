@@ -172,8 +172,8 @@ def test_every_tenant_sends_every_family_in_each_phase(offer) -> None:
     6 requests in conversations of 3 turns, 2 families, 2 tenants: 2 conversations, both of
     tenant 0, so no request of another tenant could be served the first one's KV and the
     isolation check had nothing to judge. Each phase of a workload with tenants now sends every
-    family with a full chunk from every tenant, with at most one conversation per family at a
-    time (the second tenant's after the first's started)."""
+    family with a full chunk from every tenant, and runs at most ``families`` conversations at
+    once (the second tenant's conversation of a family queued behind the first's)."""
     from chaos.workload.generator import plan_phase
     from chaos.workload.spec import WorkloadSpec
 
