@@ -268,12 +268,32 @@ def test_lookup_handled_late_is_freed_after_its_prefetch(make_engine, twin: Engi
     engine sees the server healthy again, inside the engine's wait (mq_timeout, 4 s).
     """
     eng = make_engine("late-lookup", lmcache_args(own_stack, mq_timeout=4.0, heartbeat=1.0))
-    p = random_prompt("fail:7500", 1100)
+    # The window is the LOOKUP reaching the thawed server; it may instead be lost with the
+    # connection the adapter gave up on (CI of 6c53b2e, loaded stage 2: no prefetch was ever
+    # logged, nothing was locked). Such a try proves nothing either way: try again, a new
+    # prefix each time, and judge the first try that reached the window.
+    for attempt in range(3):
+        log = _late_lookup_try(eng, twin, own_stack, random_prompt(f"fail:7500:{attempt}" if attempt else "fail:7500",
+                                                                   1100))
+        if any("Prefetch request completed" in line for line in log):  # the late LOOKUP's
+            break
+    else:
+        pytest.skip("window not reached in 3 tries: the late LOOKUP was lost with the old connection each time "
+                    f"(the last server log: {log})")
+    assert not any("while its prefetch is still running" in line for line in log), log
+
+
+def _late_lookup_try(eng: Engine, twin: Engine, own_stack: LMCacheStack, p: list[int]) -> list[str]:
+    """One try of test_lookup_handled_late_is_freed_after_its_prefetch with prompt ``p``: the
+    server's ``free_lookup_locks`` and ``Prefetch`` lines since its restart in this try. Asserts
+    on the way that the request timed out its LOOKUP and was right, and that the engine and
+    LMCache end with no session and no read lock (true whether or not the window was reached)."""
+    keys = own_stack.redis_keys()
     eng.complete(p, 2)  # 4 chunks stored in L1, Redis and the filesystem tier
     deadline = time.monotonic() + 20
-    while own_stack.redis_keys() < 4 and time.monotonic() < deadline:
+    while own_stack.redis_keys() < keys + 4 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert own_stack.redis_keys() >= 4
+    assert own_stack.redis_keys() >= keys + 4
     own_stack.server.kill()
     own_stack.start_server()  # L1 empty; the chunks are in L2 only
     eng.wait_lmcache("healthy", 30)
@@ -296,8 +316,8 @@ def test_lookup_handled_late_is_freed_after_its_prefetch(make_engine, twin: Engi
         time.sleep(0.2)
     assert eng.state()["num_open_sessions"] == 0
     clean = wait_clean(own_stack, 10)
-    log = [line for line in own_stack.server.tail(600).splitlines()
-           if "free_lookup_locks" in line or "Prefetch" in line]
+    text = own_stack.server.log_path.read_text(errors="replace")  # appended over restarts
+    since = text[text.rfind("Starting PrefetchController"):]
+    log = [line for line in since.splitlines() if "free_lookup_locks" in line or "Prefetch" in line]
     assert clean == (0, 0), log
-    assert any("Prefetch request completed" in line for line in log), log  # the late LOOKUP's
-    assert not any("while its prefetch is still running" in line for line in log), log
+    return log
