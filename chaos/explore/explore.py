@@ -31,7 +31,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,12 +39,12 @@ from typing import Any
 from chaos import interrupts
 from chaos.explore.generate import StackOffer, generate, write_scenario
 from chaos.explore.guidance import CounterGuide, counter_totals, grown
-from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, match_known,
-                                    run_log_window, signature_of)
+from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, leaked_fields,
+                                    match_known, run_log_window, signature_of)
 from chaos.stack.base import StackError, new_run_id
 
-__all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "undecided_checks",
-           "write_html"]
+__all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "same_failure",
+           "undecided_checks", "write_html"]
 
 
 @dataclass
@@ -537,9 +537,11 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
         sig_checks = signature_of(row["failed_checks"][:1], diag, final).checks
         try:
             if result.engine_bugs:
-                probe = _control(reproducer, sig_checks, pool, opts, run_dir, index, say)
+                probe = _control(reproducer, sig_checks, leaked_fields(result.checks), pool, opts, run_dir, index,
+                                 say)
             elif opts.shrink_budget_s > 0 and final.faults() and left() > 0:  # part of the minimising
-                probe = _without_faults(reproducer, sig_checks, pool, opts, run_dir, index, say)
+                probe = _without_faults(reproducer, sig_checks, leaked_fields(result.checks), pool, opts, run_dir,
+                                        index, say)
         except KeyboardInterrupt as exc:
             stopped = exc
     with interrupts.deferred():
@@ -550,9 +552,10 @@ def _finding(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir:
 
 
 def _rerun(scenario: Any, label: str, pool: Any, opts: ExploreOptions, run_dir: Path,
-           say: Callable[[str], None]) -> tuple[str, list[str], Path]:
+           say: Callable[[str], None]) -> tuple[str, list[str], frozenset[str], Path]:
     """One more run of ``scenario`` on the pool's stack, under ``run_dir/control/``: (its outcome
-    as :func:`classify` gives it, its failed checks, its folder)."""
+    as :func:`classify` gives it, its failed checks, the leak fields its ``leaks`` check found
+    held (:func:`leaked_fields`), its folder)."""
     from chaos.runner.leaks import restart_dirty
     from chaos.runner.run import run_scenario
     from chaos.stack.base import StackError, new_run_id
@@ -564,50 +567,66 @@ def _rerun(scenario: Any, label: str, pool: Any, opts: ExploreOptions, run_dir: 
         stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
         restart_dirty(stack, say)
     except (StackError, ConfigError) as exc:
-        return f"error: {exc}", [], cdir
+        return f"error: {exc}", [], frozenset(), cdir
     res = run_scenario(scenario, stack, cdir, run_id=run_id, timeout_s=opts.timeout_s)
     pool.release(Path(scenario.stack), res)
-    return classify(res), [c.name for c in res.checks if c.verdict == "failed"], cdir
+    return classify(res), [c.name for c in res.checks if c.verdict == "failed"], leaked_fields(res.checks), cdir
 
 
-def _control(reproducer: Path, checks: tuple[str, ...], pool: Any, opts: ExploreOptions, run_dir: Path,
-             index: int, say: Callable[[str], None]) -> dict[str, Any]:
+def same_failure(checks: Iterable[str], leaked: Iterable[str], other_failed: Iterable[str],
+                 other_leaked: Iterable[str]) -> bool:
+    """Whether another run failed the way a finding did: one of the finding's ``checks`` failed
+    there too, where a failed ``leaks`` counts only when every field the finding leaked
+    (``leaked``, ``source.field``) leaked there too (an engine block leak is not the L2
+    read-lock leak the clean engine shows beside it: seed 1 scenario 2, hold-blocks-on-abort)."""
+    shared = set(checks) & set(other_failed)
+    if "leaks" in shared and not set(leaked) <= set(other_leaked):
+        shared.discard("leaks")
+    return bool(shared)
+
+
+def _control(reproducer: Path, checks: tuple[str, ...], leaked: frozenset[str], pool: Any, opts: ExploreOptions,
+             run_dir: Path, index: int, say: Callable[[str], None]) -> dict[str, Any]:
     """A new finding of a run with planted bugs, its reproducer run once more on the clean engine:
-    the failure is the bug's when the clean engine fails none of its ``checks``.
+    the failure is the bug's when the clean engine does not fail the same way
+    (:func:`same_failure` of ``checks`` and ``leaked``, the finding's run's leak fields).
 
     Returns:
         The entry's fields ``clean_engine`` (the control's outcome), ``clean_engine_failed_checks``,
-        ``clean_engine_run_dir``, ``attributed_to_bug`` (None when the control could not run to its
-        checks) and ``faults_irrelevant`` (``"control"`` when attributed: the failure needs the
-        bug, whatever faults the shrink kept).
+        ``clean_engine_leaked`` (its leak fields, sorted), ``clean_engine_run_dir``,
+        ``attributed_to_bug`` (None when the control could not run to its checks) and
+        ``faults_irrelevant`` (``"control"`` when attributed: the failure needs the bug, whatever
+        faults the shrink kept).
     """
     from chaos.scenario.loader import load_scenario
 
     clean = load_scenario(reproducer)
     clean.engine.bugs = []
     say(f"[{index}] control: the finding on the clean engine")
-    outcome, failed, cdir = _rerun(clean, "clean", pool, opts, run_dir, say)
+    outcome, failed, control_leaked, cdir = _rerun(clean, "clean", pool, opts, run_dir, say)
     say(f"[{index}] control on the clean engine: {outcome}")
+    fields = {"clean_engine": outcome, "clean_engine_failed_checks": failed,
+              "clean_engine_leaked": sorted(control_leaked), "clean_engine_run_dir": str(cdir)}
     if outcome.startswith("error"):
-        return {"clean_engine": outcome, "clean_engine_failed_checks": failed, "clean_engine_run_dir": str(cdir),
-                "attributed_to_bug": None}
-    # The bug's when the clean engine fails none of the finding's checks (its own fault window may
-    # go unreached there: a wrong output after a hit does not need the fault); not when it fails
-    # one of them; unknown when the control could not run to its checks.
-    attributed = None if outcome in ("error", "interrupted") else not (set(failed) & set(checks))
-    return {"clean_engine": outcome, "clean_engine_failed_checks": failed, "clean_engine_run_dir": str(cdir),
-            "attributed_to_bug": attributed, "faults_irrelevant": "control" if attributed else None}
+        return {**fields, "attributed_to_bug": None}
+    # The bug's when the clean engine does not fail the same way (its own fault window may go
+    # unreached there: a wrong output after a hit does not need the fault); not when it does;
+    # unknown when the control could not run to its checks.
+    attributed = (None if outcome in ("error", "interrupted")
+                  else not same_failure(checks, leaked, failed, control_leaked))
+    return {**fields, "attributed_to_bug": attributed, "faults_irrelevant": "control" if attributed else None}
 
 
-def _without_faults(reproducer: Path, checks: tuple[str, ...], pool: Any, opts: ExploreOptions, run_dir: Path,
-                    index: int, say: Callable[[str], None]) -> dict[str, Any]:
+def _without_faults(reproducer: Path, checks: tuple[str, ...], leaked: frozenset[str], pool: Any,
+                    opts: ExploreOptions, run_dir: Path, index: int, say: Callable[[str], None]) -> dict[str, Any]:
     """A new finding of the clean stack whose reproducer has faults, run once more with every
     fault removed (and no trigger of its own left to miss).
 
     Returns:
         ``without_faults`` (that run's outcome), ``without_faults_failed_checks``,
         ``without_faults_run_dir`` and ``faults_irrelevant`` (``"no-fault rerun"`` when it failed
-        one of ``checks`` again: the failure is the stack's own, the faults were by the way).
+        the same way again, :func:`same_failure` of ``checks`` and ``leaked``: the failure is the
+        stack's own, the faults were by the way).
     """
     from chaos.scenario.loader import load_scenario
 
@@ -615,9 +634,9 @@ def _without_faults(reproducer: Path, checks: tuple[str, ...], pool: Any, opts: 
     for phase in bare.phases:
         phase.faults = []
     say(f"[{index}] the finding once more without its faults")
-    outcome, failed, cdir = _rerun(bare, "nofault", pool, opts, run_dir, say)
+    outcome, failed, rerun_leaked, cdir = _rerun(bare, "nofault", pool, opts, run_dir, say)
     say(f"[{index}] without its faults: {outcome}")
-    needless = outcome == "failed" and bool(set(failed) & set(checks))
+    needless = outcome == "failed" and same_failure(checks, leaked, failed, rerun_leaked)
     return {"without_faults": outcome, "without_faults_failed_checks": failed, "without_faults_run_dir": str(cdir),
             "faults_irrelevant": "no-fault rerun" if needless else None}
 
@@ -651,17 +670,19 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     # the parts of the stack the reproducer's faults act on (none when it needs no fault)
     targets = fault_targets(final, summary.stack) if sig.faults else frozenset()
     marks_dir, started_at, planted = run_dir, getattr(result, "started_at", None), bool(result.engine_bugs)
+    leaked = leaked_fields(result.checks)
     if probe.get("attributed_to_bug") is False and probe.get("clean_engine_run_dir"):
         # The clean engine failed it too (the control): a failure of the stack, not of the planted
         # bug, which a shipped finding may be; its marks are looked for in the control's logs
         # (seed 1 scenarios 2 and 8 with planted bugs: the slow and frozen L2 read-lock leaks).
         marks_dir = Path(probe["clean_engine_run_dir"])
         started_at, planted = _started_at(marks_dir), False
+        leaked = frozenset(probe.get("clean_engine_leaked") or ())
     known = match_known(sig, opts.known, planted_bugs=planted, stack=Path(summary.stack).stem,
-                        logs=_run_logs(summary.stack, marks_dir, started_at), targets=targets)
+                        logs=_run_logs(summary.stack, marks_dir, started_at), targets=targets, leaked=leaked)
     summary.signatures[text] = {
         "signature": text, "checks": list(sig.checks), "failed_checks": list(row["failed_checks"]),
-        "diagnosis": sig.diagnosis, "faults": list(sig.faults),
+        "diagnosis": sig.diagnosis, "faults": list(sig.faults), "leaked": sorted(leaked_fields(result.checks)),
         "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],
         "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
         "known": known.name if known else None, "known_file": known.file if known else None,

@@ -11,7 +11,9 @@
     them with a fault on each part of the stack the finding's faults act on (the marks show its
     mechanism, the part is where it was reached: a latency on the LMCache->Redis link, a
     ``timeout`` on it and a pause of Redis all hold LMCache's L2 reads; other faults were by the
-    way), or it has none and the same fault kinds
+    way), or it has none and the same fault kinds; and, for a failed ``leaks`` check, every field
+    that leaked (``lmcache.read_locked_count``) is one the finding's ``xfail.leaks`` names (a known
+    L2 read-lock leak does not explain engine blocks held beside it)
 
 A fault's target (:func:`fault_targets`): ``l2`` for a fault on a link to the L2 server or on
 the L2 server's service (Redis), ``link:<name>`` / ``service:<name>`` for one on another link
@@ -30,13 +32,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from chaos.scenario.loader import discover_scenarios, load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-__all__ = ["Signature", "KnownFinding", "diagnosis_class", "fault_targets", "known_findings", "match_known",
-           "run_log_window", "signature_of"]
+__all__ = ["Signature", "KnownFinding", "diagnosis_class", "fault_targets", "known_findings", "leaked_fields",
+           "match_known", "run_log_window", "signature_of"]
 
 
 @dataclass(frozen=True, order=True)
@@ -142,6 +145,8 @@ class KnownFinding:
         stacks: the stacks (file stems) its ``xfail.stacks`` limits it to; None: every stack.
         marks: its ``xfail.marks`` as (service, regular expression) pairs; empty: none.
         targets: the parts of its stack its faults act on (:func:`fault_targets`).
+        leaks: its ``xfail.leaks``, the leak fields (``source.field``) it leaves held; None: not
+            declared (it explains no failed ``leaks`` check).
     """
 
     name: str
@@ -151,6 +156,30 @@ class KnownFinding:
     stacks: tuple[str, ...] | None = None
     marks: tuple[tuple[str, str], ...] = ()
     targets: frozenset[str] = frozenset()
+    leaks: frozenset[str] | None = None
+
+
+def leaked_fields(checks: Iterable[Any]) -> frozenset[str]:
+    """The leak fields a run's ``leaks`` check found held, as ``source.field``.
+
+    Args:
+        checks: the run's check results: CheckResult objects or their dicts (result.json's
+            ``checks``), each with ``name``, ``verdict`` and ``details``; the failed ``leaks``
+            one's ``details.leaked`` is a list of {source, field, ...} (chaos/checks/leaks.py).
+
+    Returns:
+        e.g. ``{"lmcache.read_locked_count", "engine.blocks_held_by_requests"}``; empty when the
+        leaks check did not fail or is absent.
+    """
+    out: set[str] = set()
+    for c in checks:
+        get = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
+        if get("name") != "leaks" or get("verdict") != "failed":
+            continue
+        for x in (get("details") or {}).get("leaked") or ():
+            if isinstance(x, dict) and x.get("source") and x.get("field"):
+                out.add(f"{x['source']}.{x['field']}")
+    return frozenset(out)
 
 
 def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
@@ -171,13 +200,14 @@ def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
                                     checks=frozenset(s.checks.enabled()),
                                     stacks=tuple(s.xfail.stacks) if s.xfail.stacks is not None else None,
                                     marks=tuple((m.service, m.log) for m in s.xfail.marks or ()),
-                                    targets=fault_targets(s)))
+                                    targets=fault_targets(s),
+                                    leaks=frozenset(s.xfail.leaks) if s.xfail.leaks is not None else None))
     return out
 
 
 def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: bool,
                 stack: str | None = None, logs: Callable[[str], str] | None = None,
-                targets: Iterable[str] | None = None) -> KnownFinding | None:
+                targets: Iterable[str] | None = None, leaked: Iterable[str] | None = None) -> KnownFinding | None:
     """The shipped finding ``sig`` matches, or None; never one when the run planted engine bugs.
 
     A finding matches when it is expected to fail on ``stack`` (a stack file's stem: its
@@ -190,7 +220,11 @@ def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: 
       failed; None: the finding's fault kinds are among those of ``sig`` instead); the other
       faults were by the way. A run that did not log the marks is not this bug, even with the
       same kinds (a pause of LMCache is not a pause of Redis);
-    - otherwise (no marks, or ``logs`` None): the same fault kinds.
+    - otherwise (no marks, or ``logs`` None): the same fault kinds;
+
+    and, when ``sig`` failed ``leaks`` and ``leaked`` (:func:`leaked_fields` of the failing run)
+    is given and not empty, every leaked field is one the finding's ``leaks`` names: a finding
+    that declares none explains no leak (an unexplained field is a new bug, never a known one).
 
     Among several findings that match, one whose fault kinds are among those of ``sig`` comes
     first (slow-l2-read-lock-leak for a latency on the L2 link, frozen-l2-read-lock-leak for a
@@ -200,11 +234,14 @@ def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: 
         return None
     texts: dict[str, str] = {}
     run_targets = frozenset(targets) if targets is not None else None
+    run_leaked = frozenset(leaked or ()) if "leaks" in sig.checks else frozenset()
     by_target: KnownFinding | None = None
     for k in known:
         if stack is not None and k.stacks is not None and stack not in k.stacks:
             continue
         if not set(sig.checks) <= k.checks:
+            continue
+        if run_leaked and not (k.leaks is not None and run_leaked <= k.leaks):
             continue
         if k.marks and logs is not None:
             same_kinds = set(k.faults) <= set(sig.faults)

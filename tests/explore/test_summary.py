@@ -278,3 +278,30 @@ def test_a_planted_bug_run_whose_failure_the_clean_engine_shares_is_matched_to_k
                                       "frozen-l2-locks-outlive-read-ttl"), entry["known"]
         else:
             assert entry["known"] is None, (i, entry["known"])
+
+
+def test_a_planted_leak_beside_the_stacks_own_leak_is_credited_to_the_bug(tmp_path: Path, monkeypatch) -> None:
+    """Seed 1 scenario 2 (an L2 fault beside hold-blocks-on-abort's dealt window) failed `leaks`
+    with the bug planted, and its control on the clean engine failed `leaks` too, with LMCache's
+    L2 read-lock leak alone: the control compared check names, so the bug's own leak (engine
+    blocks held) was never credited to it. The control now compares what leaked: a field the
+    clean engine did not leak is the bug's; the same fields are the stack's own failure."""
+    import chaos.explore.explore as explore
+    from chaos.explore.explore import same_failure
+
+    l2 = frozenset({"lmcache.read_locked_count"})
+    both = l2 | {"engine.blocks_held_by_requests"}
+    assert not same_failure(("leaks",), both, ["leaks"], l2)  # the bug leaked more: its own
+    assert same_failure(("leaks",), l2, ["leaks"], both)  # the clean engine leaks it too
+    assert same_failure(("leaks",), frozenset(), ["leaks"], l2)  # fields unknown: the check's name
+    assert same_failure(("recompute_equivalence",), both, ["recompute_equivalence"], frozenset())
+    assert not same_failure(("leaks",), l2, ["liveness"], frozenset())
+
+    _scenario, path, _summary, opts = _planted(tmp_path, 1, 2, "hold-blocks-on-abort", max_runs=3)
+    for control_leaked, attributed in ((l2, True), (both, False)):
+        cdir = tmp_path / "control" / str(attributed)
+        monkeypatch.setattr(explore, "_rerun", lambda *a, cl=control_leaked, cd=cdir, **k: ("failed", ["leaks"], cl, cd))
+        probe = explore._control(path, ("leaks",), both, None, opts, tmp_path, 2, lambda _m: None)
+        assert probe["attributed_to_bug"] is attributed
+        assert probe["clean_engine_leaked"] == sorted(control_leaked)
+        assert probe["faults_irrelevant"] == ("control" if attributed else None)
