@@ -289,7 +289,8 @@ class ScenarioError(Exception):
 
 class UnexpectedFailure(Exception):
     """A scenario under xfail whose failed checks go beyond the ones its known bug fails
-    (``xfail.checks``): never an expected failure."""
+    (``xfail.checks``), or whose leaks go beyond the fields it leaves held (``xfail.leaks``):
+    never an expected failure."""
 
 
 class ScenarioItem(pytest.Item):
@@ -368,8 +369,8 @@ class ScenarioItem(pytest.Item):
             lines = [f"{c.name} {c.verdict}: {c.summary}" for c in result.checks if c.verdict != "passed"]
             lines.append(f"report: {run_dir}/report.html")
             if xfail is not None and xfail.unexpected:  # not the known bug's checks: a failure
-                raise UnexpectedFailure("\n".join([f"failed beyond the known bug's checks "
-                                                f"({', '.join(xfail.checks or ())}): "
+                known = ", ".join([*(xfail.checks or ()), *(f"leaks of {f}" for f in xfail.leaks or ())])
+                raise UnexpectedFailure("\n".join([f"failed beyond the known bug's ({known}): "
                                                 f"{', '.join(xfail.unexpected)}", *lines]))
             raise ScenarioFailure("\n".join(lines))
 

@@ -36,7 +36,7 @@ no leak once the TTL has passed, so a later pass is "unknown" (a stretched run),
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from chaos.checks.config import LeaksConfig
 from chaos.checks.registry import coerce_config, register
@@ -175,3 +175,26 @@ def _too_late(cfg: LeaksConfig, history: Sequence[Op | dict[str, Any]],
             "problem": f"inconclusive: back at baseline only {took:.1f}s after the start of phase {ref}, later than "
             f"back_within {within.s:g}s: a TTL may have freed what the run should have seen held "
             "(the run is stretched)"}
+
+
+def leaked_fields(checks: Iterable[Any]) -> frozenset[str]:
+    """The leak fields a run's ``leaks`` check found held, as ``source.field``.
+
+    Args:
+        checks: the run's check results: CheckResult objects or their dicts (result.json's
+            ``checks``), each with ``name``, ``verdict`` and ``details``; the failed ``leaks``
+            one's ``details.leaked`` is a list of {source, field, ...} (:func:`check`).
+
+    Returns:
+        e.g. ``{"lmcache.read_locked_count", "engine.blocks_held_by_requests"}``; empty when the
+        leaks check did not fail or is absent.
+    """
+    out: set[str] = set()
+    for c in checks:
+        get = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
+        if get("name") != "leaks" or get("verdict") != "failed":
+            continue
+        for x in (get("details") or {}).get("leaked") or ():
+            if isinstance(x, dict) and x.get("source") and x.get("field"):
+                out.add(f"{x['source']}.{x['field']}")
+    return frozenset(out)

@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from chaos import interrupts
+from chaos.checks.leaks import leaked_fields
 from chaos.explore.generate import StackOffer, generate, write_scenario
 from chaos.explore.guidance import CounterGuide, counter_totals, grown
-from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, leaked_fields,
-                                    match_known, run_log_window, signature_of)
+from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, match_known,
+                                    run_log_window, signature_of)
 from chaos.stack.base import StackError, new_run_id
 
 __all__ = ["ExploreOptions", "ExploreSummary", "run_explore", "classify", "missed_triggers", "same_failure",

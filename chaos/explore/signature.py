@@ -32,14 +32,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from chaos.scenario.loader import discover_scenarios, load_scenario
 from chaos.scenario.model import Scenario
 from chaos.yamlsource import ConfigError
 
-__all__ = ["Signature", "KnownFinding", "diagnosis_class", "fault_targets", "known_findings", "leaked_fields",
-           "match_known", "run_log_window", "signature_of"]
+__all__ = ["Signature", "KnownFinding", "diagnosis_class", "fault_targets", "known_findings", "match_known",
+           "run_log_window", "signature_of"]
 
 
 @dataclass(frozen=True, order=True)
@@ -159,29 +158,6 @@ class KnownFinding:
     leaks: frozenset[str] | None = None
 
 
-def leaked_fields(checks: Iterable[Any]) -> frozenset[str]:
-    """The leak fields a run's ``leaks`` check found held, as ``source.field``.
-
-    Args:
-        checks: the run's check results: CheckResult objects or their dicts (result.json's
-            ``checks``), each with ``name``, ``verdict`` and ``details``; the failed ``leaks``
-            one's ``details.leaked`` is a list of {source, field, ...} (chaos/checks/leaks.py).
-
-    Returns:
-        e.g. ``{"lmcache.read_locked_count", "engine.blocks_held_by_requests"}``; empty when the
-        leaks check did not fail or is absent.
-    """
-    out: set[str] = set()
-    for c in checks:
-        get = c.get if isinstance(c, dict) else (lambda k, c=c: getattr(c, k, None))
-        if get("name") != "leaks" or get("verdict") != "failed":
-            continue
-        for x in (get("details") or {}).get("leaked") or ():
-            if isinstance(x, dict) and x.get("source") and x.get("field"):
-                out.add(f"{x['source']}.{x['field']}")
-    return frozenset(out)
-
-
 def known_findings(roots: Iterable[Path]) -> list[KnownFinding]:
     """Every xfail scenario under ``roots`` (files or folders); files that do not load are
     skipped (``kvchaos validate`` reports them, not explore)."""
@@ -222,7 +198,7 @@ def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: 
       same kinds (a pause of LMCache is not a pause of Redis);
     - otherwise (no marks, or ``logs`` None): the same fault kinds;
 
-    and, when ``sig`` failed ``leaks`` and ``leaked`` (:func:`leaked_fields` of the failing run)
+    and, when ``sig`` failed ``leaks`` and ``leaked`` (``chaos.checks.leaks.leaked_fields`` of the failing run)
     is given and not empty, every leaked field is one the finding's ``leaks`` names: a finding
     that declares none explains no leak (an unexplained field is a new bug, never a known one).
 

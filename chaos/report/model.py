@@ -50,8 +50,11 @@ class XfailInfo(BaseModel):
     evidence: str | None = None
     upstream: str | None = None
     checks: list[str] | None = None
+    #: the leak fields (``source.field``) the known bug leaves held; None: not declared.
+    leaks: list[str] | None = None
     outcome: Literal["xfailed", "xpassed"] | None = None
-    #: failed checks that ``checks`` does not name: the run is FAILED, not XFAIL.
+    #: failed checks that ``checks`` does not name, and ``leaks (source.field, ...)`` for leak
+    #: fields ``leaks`` does not name: the run is FAILED, not XFAIL.
     unexpected: list[str] = Field(default_factory=list)
 
 

@@ -416,9 +416,28 @@ def _stack_problems(file: str, data: dict, locator: Locator, scenario: Scenario 
         from chaos.scenario.needs import explain, missing, scenario_needs
 
         out.extend(_trigger_problems(file, scenario, spec.settings, spec.services, spec.capabilities()))
+        out.extend(_xfail_leak_problems(file, locator, scenario, spec))
         where = stack_name or key
         for need in missing(scenario_needs(scenario), spec.capabilities()):
             out.append(_problem(file, locator, need.path, f"{explain(need)}; {where} does not offer it"))
+    return out
+
+
+def _xfail_leak_problems(file: str, locator: Locator, scenario: Scenario, spec) -> list[ConfigError]:
+    """``xfail.leaks`` fields that no leak source of the run reads (the scenario's own
+    ``checks.leaks.sources``, else the stack's), where the xfail applies to this stack: a field
+    that never leaks would make every real leak an unexpected one."""
+    xf = scenario.xfail
+    if xf is None or not xf.leaks or (xf.stacks is not None and Path(spec.path).stem not in xf.stacks):
+        return []
+    cfg = scenario.checks.leaks
+    sources = cfg.sources if cfg is not None and cfg.sources is not None else spec.settings.leak_sources
+    have = {f"{src.name}.{field}" for src in sources for field in src.fields}
+    out = []
+    for i, item in enumerate(xf.leaks):
+        if item not in have:
+            out.append(_problem(file, locator, ("xfail", "leaks", i),
+                                f"no leak source reads {item!r}; the run reads: {', '.join(sorted(have)) or 'none'}"))
     return out
 
 

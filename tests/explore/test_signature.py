@@ -323,7 +323,7 @@ def test_a_finding_that_declares_no_leak_fields_explains_no_failed_leaks_check()
 
 def test_leaked_fields_read_a_failed_leaks_check_as_source_dot_field() -> None:
     from chaos.checks.result import CheckResult
-    from chaos.explore.signature import leaked_fields
+    from chaos.checks.leaks import leaked_fields
 
     leaked = [{"source": "lmcache", "field": "read_locked_count", "value": 2, "peak": 4},
               {"source": "engine", "field": "blocks_held_by_requests", "value": 3, "peak": 3}]

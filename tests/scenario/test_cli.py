@@ -63,3 +63,19 @@ def test_list(write, scenario_dir):
     r = runner.invoke(app, ["list", str(REPO / "scenarios")])
     assert r.exit_code == 0, r.output
     assert "lookup-timeout" in r.output and "smoke" in r.output
+
+
+def test_xfail_leaks_name_fields_a_leak_source_reads(write):
+    """A typo in ``xfail.leaks`` (a field nothing reads) would make every real leak of the
+    known bug FAILED: validate names the file, the line and the fields the run reads (exit 2)."""
+    good = write(GOOD + "xfail: {reason: known, leaks: [lmcache.active_sessions]}\n", "good.yaml")
+    r = runner.invoke(app, ["validate", str(good)])
+    assert r.exit_code == 0, r.output
+    typo = write(GOOD + "xfail:\n  reason: known\n  leaks: [lmcache.active_session]\n", "typo.yaml")
+    r = runner.invoke(app, ["validate", str(typo)])
+    line = len(GOOD.splitlines()) + 3
+    assert r.exit_code == 2
+    assert (f"{typo}:{line}: xfail.leaks[0]: no leak source reads 'lmcache.active_session'; "
+            "the run reads: lmcache.active_sessions") in r.output, r.output
+    elsewhere = write(GOOD + "xfail: {reason: k, stacks: [vllm-cpu], leaks: [engine-metrics.x]}\n", "other.yaml")
+    assert runner.invoke(app, ["validate", str(elsewhere)]).exit_code == 0  # not expected to fail here
