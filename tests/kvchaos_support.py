@@ -71,6 +71,20 @@ x-kvchaos:
 """
 
 
+def true_within(probe: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``probe()`` comes true once within ``seconds``, asked again and again (at least
+    once). For a claim about speed on a loaded host ("the toxic is gone: a fast round trip, a
+    window over the cap"): one sample alone may be slow with nothing in the way, as CI's stage
+    2 showed (3 xdist workers beside stacks, 2026-12-07), while a toxic still in place fails
+    every sample."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if probe():
+            return True
+        if time.monotonic() > deadline:
+            return False
+
+
 def open_journal_entries(state_dir: str | Path) -> list[str]:
     """``"<kind> <key>"`` of each entry still open in the journals under ``state_dir`` (a run's
     ``KVCHAOS_STATE_DIR``): what ``kvchaos cleanup`` would still have to undo."""

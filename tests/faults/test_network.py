@@ -10,6 +10,7 @@ import pytest
 from chaos.faults.base import FaultContext
 from chaos.faults.registry import build_fault, get
 from chaos.scenario.model import Scenario
+from kvchaos_support import true_within
 
 LINK = "engine-lmcache"
 
@@ -115,13 +116,11 @@ def _fast_roundtrip(listen: str, under_s: float, within_s: float = 10.0) -> bool
     """Whether, within ``within_s``, one echo round trip through ``listen`` comes back in under
     ``under_s`` (which a latency toxic of more than that could not give). Not one round trip
     alone: on a loaded host one may be slow with no toxic at all."""
-    deadline = time.monotonic() + within_s
-    while True:
+    def fast() -> bool:
         got, took = _roundtrip(listen)
-        if got == b"ping" and took < under_s:
-            return True
-        if time.monotonic() > deadline:
-            return False
+        return got == b"ping" and took < under_s
+
+    return true_within(fast, within_s)
 
 
 @pytest.mark.parametrize("kind", sorted(EXAMPLES))

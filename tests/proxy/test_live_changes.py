@@ -20,6 +20,7 @@ import time
 import pytest
 
 from chaos.proxy import link as link_module
+from kvchaos_support import true_within
 
 POOL = os.urandom(1 << 20)
 BLOCK = 32 * 1024
@@ -39,13 +40,11 @@ def fast_within(sink: "Sink", cap: float, seconds: float = 20.0) -> bool:
     capped at ``cap`` B/s may (``most``) over the time that really passed: the stream is not
     capped. Not a fixed byte count over a fixed sleep: on a loaded host (3 xdist workers beside
     stacks, CI of 2026-12-07) an uncapped stream moved 4 MB in one 0.2 s window, short of 5 MB."""
-    deadline = time.monotonic() + seconds
-    while True:
+    def over_cap() -> bool:
         n, t = sink.arrived_over(1.0)
-        if n > most(cap, t):
-            return True
-        if time.monotonic() > deadline:
-            return False
+        return n > most(cap, t)
+
+    return true_within(over_cap, seconds)
 
 
 class Stream:
@@ -194,11 +193,7 @@ def test_bandwidth_added_and_removed_mid_stream(client, request, direction):
     # What was in flight at the add (socket buffers of a few MB, the proxy's own) drains at full
     # speed first: wait until a short window is under the cap (0.3 s sufficed on an idle host;
     # under load 9 on 2 cores 2.3 MB still arrived in the next second), bounded.
-    deadline = time.monotonic() + 20
-    while True:
-        n, t = sink.arrived_over(0.3)
-        if n <= most(300e3, t) or time.monotonic() > deadline:
-            break
+    true_within(lambda: (lambda n, t: n <= most(300e3, t))(*sink.arrived_over(0.3)), 20)  # the assert decides
     limited, t = sink.arrived_over(1.0)
     assert 0 < limited <= most(300e3, t), (limited, t)
     client.update_toxic("live", f"bandwidth_{direction}", {"rate": 3000})
