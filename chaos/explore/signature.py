@@ -211,7 +211,7 @@ def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: 
     texts: dict[str, str] = {}
     run_targets = frozenset(targets) if targets is not None else None
     run_leaked = frozenset(leaked or ()) if "leaks" in sig.checks else frozenset()
-    by_target: KnownFinding | None = None
+    matches: list[tuple[int, KnownFinding]] = []  # (0 when its fault kinds are among the run's, else 1)
     for k in known:
         if stack is not None and k.stacks is not None and stack not in k.stacks:
             continue
@@ -224,12 +224,10 @@ def match_known(sig: Signature, known: Iterable[KnownFinding], *, planted_bugs: 
             reached = k.targets <= run_targets if run_targets is not None and k.targets else same_kinds
             if reached and all(re.search(pattern, texts.setdefault(service, logs(service)), re.MULTILINE)
                                for service, pattern in k.marks):
-                if same_kinds:
-                    return k
-                by_target = by_target or k
+                matches.append((0 if same_kinds else 1, k))
         elif k.faults == sig.faults:
-            return k
-    return by_target
+            matches.append((0, k))
+    return min(matches, key=lambda m: m[0])[1] if matches else None  # the first of the best rank
 
 
 #: A log line's time: docker's RFC 3339 UTC prefix (``--backend compose``), else the first local
