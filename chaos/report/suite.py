@@ -26,7 +26,8 @@ def _summary(r: RunResult) -> str:
     if not bad:
         return f"{len(r.checks)} checks passed"
     worst_first = sorted(bad, key=lambda c: c.verdict != "failed")
-    return f"{worst_first[0].name}: {worst_first[0].summary}"
+    beyond = f"beyond the known bug: {', '.join(r.xfail.unexpected)}; " if r.xfail and r.xfail.unexpected else ""
+    return f"{beyond}{worst_first[0].name}: {worst_first[0].summary}"
 
 
 def suite_exit_code(results: list[RunResult]) -> int:

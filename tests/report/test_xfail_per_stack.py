@@ -78,3 +78,19 @@ def test_xfail_leaks_must_be_source_dot_field():
 
     with pytest.raises(pydantic.ValidationError, match="not source.field"):
         Xfail(reason="r", leaks=["read_locked_count"])
+
+
+def test_a_run_beyond_its_known_leak_says_so_in_the_suite_table_and_the_report():
+    """Shown, not only counted: the suite's summary and the HTML card name what went beyond the
+    known bug (the card said "inconclusive" for such a run)."""
+    from chaos.report.html import render_html
+    from chaos.report.suite import build_suite
+
+    xf = Xfail(reason="L2 read-lock leak", checks=["leaks"], leaks=["lmcache.read_locked_count"])
+    r = build_result(run_id="r", scenario="s", history=[], seed=1, xfail=xf,
+                     checks=[_leaked("lmcache.read_locked_count", "engine.blocks_held_by_requests")])
+    entry = build_suite("x", [r], Path("/nonexistent")).runs[0]
+    assert entry.summary.startswith("beyond the known bug: leaks (engine.blocks_held_by_requests); leaks: ")
+    html = render_html(r, [])
+    assert "failed beyond the known bug: leaks (engine.blocks_held_by_requests)" in html
+    assert "(inconclusive)" not in html
