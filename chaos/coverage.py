@@ -426,19 +426,33 @@ class EngineCoverage:
             ``chaos.engine.measurement.SAVE_INTERVAL_S``).
     """
 
-    def __init__(self, out_dir: Path, settle_s: float | None = None) -> None:
+    def __init__(self, out_dir: Path, settle_s: float | None = None, *, fresh: bool = True) -> None:
         from chaos.engine.measurement import CONTEXT_FILE, SAVE_INTERVAL_S
 
         self.dir = Path(out_dir).resolve()
+        self.rc = self.dir / "coveragerc"
+        self.context_file = self.dir / CONTEXT_FILE
+        self.settle_s = 1.5 * SAVE_INTERVAL_S if settle_s is None else settle_s
+        if not fresh:  # a measurement under way (from_environment): attached as it is
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
         for old in self.dir.glob(".coverage*"):
             old.unlink()
-        self.rc = self.dir / "coveragerc"
         include = "\n".join(f"    {ROOT / rel}" for rel in ENGINE_FILES.values())
         self.rc.write_text(RC_TEMPLATE.format(data_file=self.dir / ".coverage", include=include))
-        self.context_file = self.dir / CONTEXT_FILE
-        self.settle_s = 1.5 * SAVE_INTERVAL_S if settle_s is None else settle_s
         self.switch("idle")
+
+    @classmethod
+    def from_environment(cls) -> EngineCoverage | None:
+        """The measurement the stacks this process starts are given (``KVCHAOS_ENGINE_COVERAGE``
+        in its environment, set by ``kvchaos explore --guide``), its data left as it is; None
+        when the variable is unset or empty."""
+        import os
+
+        from chaos.engine.measurement import COVERAGE_ENV
+
+        rc = os.environ.get(COVERAGE_ENV, "")
+        return cls(Path(rc).parent, fresh=False) if rc else None
 
     @property
     def variables(self) -> dict[str, str]:

@@ -46,7 +46,8 @@ def explore(
     stop_on_finding: bool = typer.Option(False, "--stop-on-finding", help="stop at the first new (not known) "
                                          "signature: runs and minutes to a first finding"),
     guide: bool = typer.Option(False, "--guide/--no-guide", help="run, among the next 4 generated scenarios, the "
-                               "one whose fault kinds reached the most new LMCache counter combinations so far "
+                               "one whose fault kinds reached the most new LMCache counter combinations, or "
+                               "engine branches not run before (the reference stack, --jobs 1), so far "
                                "(without: the generated order, the same for the same seed)"),
     backend: str = typer.Option("local", "--backend", "-b", envvar="KVCHAOS_BACKEND", help="local or compose"),
     proxy: str | None = typer.Option(None, "--proxy", envvar="KVCHAOS_PROXY", help=PROXY_OPTION_HELP),

@@ -39,7 +39,7 @@ from typing import Any
 from chaos import interrupts
 from chaos.checks.leaks import leaked_fields
 from chaos.explore.generate import StackOffer, generate, write_scenario
-from chaos.explore.guidance import CounterGuide, counter_totals, grown
+from chaos.explore.guidance import CounterGuide, branch_arcs, counter_totals, grown
 from chaos.explore.signature import (KnownFinding, Signature, diagnosis_class, fault_targets, match_known,
                                     run_log_window, signature_of)
 from chaos.stack.base import StackError, new_run_id
@@ -69,7 +69,9 @@ class ExploreOptions:
             runs and time to a first finding); with planted bugs, one whose control run on the
             clean engine fails none of its checks, so that the finding is the bug's.
         guide: pick each run among the next ``guide_width`` generated scenarios by the record of
-            their fault-kind set at reaching new LMCache counter combinations
+            their fault-kind set at reaching new LMCache counter combinations and, with ``jobs``
+            1 on the local backend and a stack that passes ``KVCHAOS_ENGINE_COVERAGE`` to its
+            engine (the reference stack), engine branches not run before
             (chaos/explore/guidance.py); False: the generated order.
         jobs: runs at once, each on a stack of its own (campaign workers); 1: one after
             another on this process's stack.
@@ -138,6 +140,7 @@ class ExploreSummary:
             "window_reached_fraction": self.window_reached_fraction(),
             "guided": self.guided, "jobs": self.jobs,
             "lmcache_counter_combinations": len(self.guide.seen),
+            "engine_branches": len(self.guide.branches) if self.guide.branches else None,
             "generator_invalid": self.generator_invalid,
             "inconclusive_by_trigger": dict(self.inconclusive_by_trigger.most_common()),
             "signatures": sorted(self.signatures.values(), key=lambda s: s["first_run_index"]),
@@ -241,9 +244,11 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
                              bugs=list(opts.bugs), budget_s=opts.budget_s, max_runs=opts.max_runs,
                              started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), guided=opts.guide,
                              jobs=opts.jobs)
-    saved_env = {k: os.environ.get(k) for k in (ENV_LIMIT, ENV_BUDGET)}
+    measure_env = _engine_coverage_env(offer, opts, folder)
+    saved_env = {k: os.environ.get(k) for k in (ENV_LIMIT, ENV_BUDGET, *measure_env)}
     os.environ[ENV_LIMIT] = str(opts.diagnose)  # read by the diagnosis after each run's checks,
     os.environ[ENV_BUDGET] = str(opts.diagnose_budget_s)  # here and in the campaign's workers
+    os.environ.update(measure_env)  # the stacks started from here on measure their engine
     pool = StackPool(opts.backend, folder / "stacks")  # the serial runs; the findings' shrinks and controls
     explorer = _Explorer(offer, opts, summary, pool, t0, say)
     sopts = SuiteOptions(backend=opts.backend, report_dir=explorer.runs_dir, timeout_s=opts.timeout_s,
@@ -279,6 +284,26 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
         stop.results = [summary]
         raise stop
     return summary
+
+
+#: The stack variable that makes a stack's engine measure its branch coverage
+#: (chaos/engine/measurement.py ``COVERAGE_ENV``; the reference stack passes it to its engine).
+ENGINE_COVERAGE_VARIABLE = "KVCHAOS_ENGINE_COVERAGE"
+
+
+def _engine_coverage_env(offer: StackOffer, opts: ExploreOptions, folder: Path) -> dict[str, str]:
+    """The environment that makes the exploration's stacks measure their engine's branches
+    (``{KVCHAOS_ENGINE_COVERAGE: <folder>/engine-coverage/coveragerc}``) when the guide can use
+    them: ``--guide``, one run at a time (one context file names the run under way), the local
+    backend (the engine reads the file on this host) and a stack that passes the variable on;
+    else {}."""
+    if not (opts.guide and opts.jobs == 1 and opts.backend == "local"
+            and offer.has(f"var:{ENGINE_COVERAGE_VARIABLE}")):
+        return {}
+    from chaos.coverage import EngineCoverage
+
+    measure = EngineCoverage(folder / "engine-coverage", settle_s=0)
+    return dict(measure.variables)
 
 
 @dataclass
@@ -368,8 +393,13 @@ class _Explorer:
         combination = measured.get("lmcache_counters_grown")
         row = summary.runs[-1]
         row["lmcache_counters_grown"] = combination
+        branches = _engine_branches(result.run_id)
+        row["engine_branches_new"] = None if branches is None else len(branches - summary.guide.branches)
+        if branches is not None and not branches and not summary.guide.branches and result.checks:
+            self.say(f"[{plan.index}] the engine recorded no branch of its own under this run (does it import "
+                     "chaos/ from another checkout than this one?): only LMCache's counters guide")
         row["new_combination"] = summary.guide.record(_kinds(plan.data), None if combination is None
-                                                      else frozenset(combination))
+                                                      else frozenset(combination), branches)
         self.say(f"[{plan.index}] {row['outcome']}"
                  + (f": {', '.join(row['failed_checks'])}" if row["failed_checks"] else ""))
         if row["outcome"] == "failed":
@@ -386,6 +416,15 @@ class _Explorer:
             return
         self.taken.add(result.run_id)
         _record(self.summary, plan.index, plan.file, run_dir, result, 0.0, time.monotonic() - self.t0)
+
+
+def _engine_branches(run_id: str) -> frozenset[str] | None:
+    """The engine branches run ``run_id`` ran (its coverage context), when this exploration
+    measures them (:func:`_engine_coverage_env`); None otherwise or when nothing was recorded."""
+    from chaos.coverage import EngineCoverage
+
+    measure = EngineCoverage.from_environment()
+    return None if measure is None else branch_arcs(measure.dir, run_id)
 
 
 #: A run's measures beside its report (``runs/<run-id>/explore-run.json``): ``seconds`` (the
@@ -413,8 +452,11 @@ def run_measured(scenario: Any, pool: Any, opts: Any, run_id: str, run_dir: Path
     from chaos.runner.suite import infra_error_result
     from chaos.yamlsource import ConfigError
 
+    from chaos.coverage import EngineCoverage
+
     start = time.monotonic()
     combination = None
+    measure = EngineCoverage.from_environment()  # the engine's branches, under the run's id
     try:
         stack = pool.acquire(Path(scenario.stack), scenario.stack_variables(), say=say)
         restart_dirty(stack, say)
@@ -423,10 +465,14 @@ def run_measured(scenario: Any, pool: Any, opts: Any, run_id: str, run_dir: Path
     else:
         metrics = (stack.spec.settings.lmcache_http or "").rstrip("/")
         before = counter_totals(metrics + "/metrics") if metrics else None
+        if measure is not None:
+            measure.switch(run_id)
         box["result"] = run_scenario(scenario, stack, run_dir, run_id=run_id,
                                      timeout_s=opts.timeout_s if timeout_s is None else timeout_s,
                                      progress=lambda m, n=scenario.name: say(f"[{n}] {m}"),
                                      after_checks=opts.after_checks)
+        if measure is not None:
+            measure.switch("idle")  # waits for the engine's next save
         combination = grown(before, counter_totals(metrics + "/metrics") if metrics else None)
     result = box["result"]
     with interrupts.deferred():

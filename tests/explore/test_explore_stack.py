@@ -92,14 +92,15 @@ def test_explore_jobs_2_finds_a_planted_bug_side_by_side_and_writes_a_shrunk_fin
 def test_sigterm_mid_run_heals_stops_and_still_writes_the_summary(tmp_path: Path) -> None:
     """SIGTERM while the first run's phases go on: exit 143, the run reported ``interrupted``,
     summary.json and index.html written, no process of the stack left (a service's
-    KVCHAOS_RUN_DIR is a folder under the exploration's)."""
+    KVCHAOS_RUN_DIR is a folder under the exploration's). Guided (``--guide``, the first of
+    the candidates, all untried, is scenario 0 as without it): the engine measured itself."""
     import signal
     import time
 
     out = tmp_path / "explore"
     proc = subprocess.Popen(
         [sys.executable, "-m", "chaos.entry", "explore", "--stack", "compose/reference.yml", "--seed", "55",
-         "--max-runs", "2", "--budget", "6m", "--out", str(out)],
+         "--max-runs", "2", "--budget", "6m", "--guide", "--out", str(out)],
         cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     seen = []
     deadline = time.monotonic() + 300
@@ -119,4 +120,6 @@ def test_sigterm_mid_run_heals_stops_and_still_writes_the_summary(tmp_path: Path
     run = json.loads((Path(summary["runs"][0]["run_dir"]) / "result.json").read_text())
     assert run["verdict"] == "interrupted"
     assert _services_left(folder) == []  # no service of the stack
+    # --guide --jobs 1 on the reference stack: its engine measured its branches for the guide
+    assert list((folder / "engine-coverage").glob(".coverage.*")), "the engine saved no coverage data"
 
