@@ -1,6 +1,6 @@
 """Guidance of ``kvchaos explore``: prefer schedules that reach LMCache counter combinations not
-seen before, and on a stack whose engine measures its branch coverage (``engine.branch_coverage``:
-the reference engine), engine branches not run before.
+seen before, and on a stack whose engine measures its branch coverage (one that passes the
+variable ``KVCHAOS_ENGINE_COVERAGE`` to it: the reference engine), engine branches not run before.
 
     before a run ── LMCache /metrics (x-kvchaos.lmcache_http) ──┐
     after it ────── LMCache /metrics ───────────────────────────┴─> the counters (``*_total``)

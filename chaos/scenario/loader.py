@@ -426,9 +426,9 @@ def _stack_problems(file: str, data: dict, locator: Locator, scenario: Scenario 
 def _xfail_leak_problems(file: str, locator: Locator, scenario: Scenario, spec) -> list[ConfigError]:
     """``xfail.leaks`` fields of a leak source the run reads (the scenario's own
     ``checks.leaks.sources``, else the stack's) that the source does not read, where the xfail
-    applies to this stack: such a field never leaks, which would make every real leak of it an
-    unexpected one. A field of a source this stack does not have is no problem (it cannot leak
-    here: the reference stack's lock ledger on a vLLM stack)."""
+    applies to this stack: a misspelt field, so that the field it meant would count as a leak
+    beyond the known bug's (FAILED, not XFAIL). A field of a source this stack does not have is
+    no problem (it cannot leak here: the reference stack's lock ledger on a vLLM stack)."""
     xf = scenario.xfail
     if xf is None or not xf.leaks or (xf.stacks is not None and Path(spec.path).stem not in xf.stacks):
         return []
