@@ -286,19 +286,15 @@ def run_explore(offer: StackOffer, opts: ExploreOptions,
     return summary
 
 
-#: The stack variable that makes a stack's engine measure its branch coverage
-#: (chaos/engine/measurement.py ``COVERAGE_ENV``; the reference stack passes it to its engine).
-ENGINE_COVERAGE_VARIABLE = "KVCHAOS_ENGINE_COVERAGE"
-
-
 def _engine_coverage_env(offer: StackOffer, opts: ExploreOptions, folder: Path) -> dict[str, str]:
     """The environment that makes the exploration's stacks measure their engine's branches
     (``{KVCHAOS_ENGINE_COVERAGE: <folder>/engine-coverage/coveragerc}``) when the guide can use
     them: ``--guide``, one run at a time (one context file names the run under way), the local
     backend (the engine reads the file on this host) and a stack that passes the variable on;
     else {}."""
-    if not (opts.guide and opts.jobs == 1 and opts.backend == "local"
-            and offer.has(f"var:{ENGINE_COVERAGE_VARIABLE}")):
+    from chaos.engine.measurement import COVERAGE_ENV
+
+    if not (opts.guide and opts.jobs == 1 and opts.backend == "local" and offer.has(f"var:{COVERAGE_ENV}")):
         return {}
     from chaos.coverage import EngineCoverage
 
@@ -717,7 +713,7 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
     # the parts of the stack the reproducer's faults act on (none when it needs no fault)
     targets = fault_targets(final, summary.stack) if sig.faults else frozenset()
     marks_dir, started_at, planted = run_dir, getattr(result, "started_at", None), bool(result.engine_bugs)
-    leaked = leaked_fields(result.checks)
+    run_leaked = leaked = leaked_fields(result.checks)
     if probe.get("attributed_to_bug") is False and probe.get("clean_engine_run_dir"):
         # The clean engine failed it too (the control): a failure of the stack, not of the planted
         # bug, which a shipped finding may be; its marks are looked for in the control's logs
@@ -729,7 +725,7 @@ def _sign(summary: ExploreSummary, opts: ExploreOptions, index: int, run_dir: Pa
                         logs=_run_logs(summary.stack, marks_dir, started_at), targets=targets, leaked=leaked)
     summary.signatures[text] = {
         "signature": text, "checks": list(sig.checks), "failed_checks": list(row["failed_checks"]),
-        "diagnosis": sig.diagnosis, "faults": list(sig.faults), "leaked": sorted(leaked_fields(result.checks)),
+        "diagnosis": sig.diagnosis, "faults": list(sig.faults), "leaked": sorted(run_leaked),
         "count": 1, "first_run_index": index, "first_elapsed_s": row["elapsed_s"],
         "first_run_dir": str(run_dir), "scenario": str(target), "shrink": shrink,
         "known": known.name if known else None, "known_file": known.file if known else None,
