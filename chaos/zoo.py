@@ -52,7 +52,7 @@ CLEAN = "clean"
 #: Planted bug -> the catalogue scenarios meant to catch it (the default `kvchaos zoo` plan).
 ZOO_MAP: dict[str, list[str]] = {
     "trust-failed-load": ["retrieve-fail-after-lookup", "load-fail-policy-fail"],
-    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause", "abort-during-lookup"],
+    "skip-abort-cleanup": ["cancel-storm", "lmcache-pause", "abort-during-lookup", "abort-during-load"],
     "hit-plus-one-token": ["chunk-boundary-full-hit", "apc-partial-chunk"],
     "hit-plus-one-chunk": ["chunk-boundary-full-hit", "smoke"],
     "drop-cache-salt": ["tenant-isolation"],
@@ -68,7 +68,7 @@ ZOO_MAP: dict[str, list[str]] = {
     "keep-locks-on-local-hit": ["apc-local-covers-hit"],
     "store-after-hit-wrong-blocks": ["conversation-store-after-hit"],
     "short-free-after-failed-load": ["retrieve-dropped-slow-link", "retrieve-fail-after-lookup"],
-    "hold-blocks-on-abort": ["cancel-storm"],
+    "hold-blocks-on-abort": ["cancel-storm", "abort-during-load"],
 }
 
 def bug_set(stack: Path | None) -> tuple[dict[str, str], dict[str, list[str]]]:

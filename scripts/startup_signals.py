@@ -11,8 +11,10 @@ has installed its handler (seen in ``/proc/<pid>/status`` SigCgt: Python itself 
 SIGTERM, so the bit is kvchaos's; the interpreter's own start-up before that meets Python's
 defaults, see chaos/entry.py). A case passes when the run exits 128 + the signal, prints no
 traceback, and leaves a suite.json with verdict ``interrupted`` naming that signal and a stage,
-and every run folder's result.json has verdict ``interrupted``. Prints one line per case and the
-counts (per signal, per stage); exit 0 when every case passed. ``make startup-signals`` runs it.
+and a result.json in every run folder, the last run's (the one the signal met) with verdict
+``interrupted`` (a run of a suite that ended before the signal keeps its own verdict:
+``run_problems``). Prints one line per case and the counts (per signal, per stage); exit 0 when
+every case passed. ``make startup-signals`` runs it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,31 @@ def catches(pid: int, sig: int) -> bool:
     except OSError:
         return False
     return False
+
+
+def run_problems(reports: Path, runs: list[dict]) -> list[str]:
+    """What is wrong with the run folders of an interrupted suite (its suite.json ``runs``, in
+    the order they ran, one at a time): each has a result.json; the run the signal met, the last
+    one, says ``interrupted``; a run before it may have finished before the signal with its own
+    verdict, but none after an interrupted one. Empty when right."""
+    if not runs:
+        return ["no run report"]
+    bad: list[str] = []
+    verdicts = []
+    for entry in runs:
+        result = reports / entry["run_dir"] / "result.json"
+        if not result.is_file():
+            bad.append(f"no {result.name} in {entry['run_dir']}")
+            verdicts.append(None)
+        else:
+            verdicts.append(json.loads(result.read_text()).get("verdict"))
+    if verdicts[-1] not in (None, "interrupted"):
+        bad.append(f"{runs[-1]['run_dir']} (the run the signal met): verdict {verdicts[-1]}")
+    if "interrupted" in verdicts:
+        first = verdicts.index("interrupted")
+        bad += [f"{runs[i]['run_dir']}: verdict {v} after an interrupted run"
+                for i, v in enumerate(verdicts) if i > first and v not in (None, "interrupted")]
+    return bad
 
 
 def one_case(kvchaos: Path, scenario: Path, work: Path, sig: int, delay_s: float,
@@ -96,14 +123,7 @@ def one_case(kvchaos: Path, scenario: Path, work: Path, sig: int, delay_s: float
             bad.append(f"suite names {info.get('signal')} / {info.get('exit_code')}")
         if not stage:
             bad.append("no stage")
-        for entry in suite.get("runs", []):
-            result = reports / entry["run_dir"] / "result.json"
-            if not result.is_file():
-                bad.append(f"no {result.name} in {entry['run_dir']}")
-            elif json.loads(result.read_text()).get("verdict") != "interrupted":
-                bad.append(f"{entry['run_dir']}: verdict {json.loads(result.read_text()).get('verdict')}")
-        if not suite.get("runs"):
-            bad.append("no run report")
+        bad += run_problems(reports, suite.get("runs", []))
     return {"signal": signal.Signals(sig).name, "delay_s": round(delay_s, 3), "ready_s": round(ready_s, 3),
             "sent_s": round(sent_s, 3), "exit_code": code, "stage": stage, "problems": bad, "dir": str(work)}
 

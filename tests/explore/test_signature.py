@@ -359,3 +359,42 @@ def test_every_shipped_leak_finding_declares_what_it_leaks() -> None:
             have = {f"{src.name}.{f}" for src in sources for f in src.fields}
             assert k.leaks <= have, (k.name, stack.name, k.leaks - have)
     assert declared >= 15
+
+
+#: vLLM's traceback in the engine log of the seed-4102 exploration's run 16 (2026-12-07 21:28,
+#: docs/findings/vllm/fail-policy-kills-engine.md "Reached by a client abort").
+_VLLM_ABORT_CRASH = """\
+(EngineCore pid=19826) ERROR 12-07 21:28:07 [core.py:1512] EngineCore encountered a fatal error.
+(EngineCore pid=19826) ERROR 12-07 21:28:07 [core.py:1512]   File ".../vllm/v1/core/sched/scheduler.py", line 3234, in _update_from_kv_xfer_finished
+(EngineCore pid=19826) ERROR 12-07 21:28:07 [core.py:1512]     assert req_id in self.requests
+(EngineCore pid=19826) ERROR 12-07 21:28:07 [core.py:1512] AssertionError
+"""
+
+
+def test_vllms_abort_crash_found_by_explore_is_the_abort_during_load_finding(tmp_path: Path) -> None:
+    """Seed 4102 run 16 on compose/vllm-cpu.yml: a cancel storm 20 ms into requests whose
+    LMCache loads were in flight killed vLLM's EngineCore (`assert req_id in self.requests`), and
+    explore reported `checks=liveness | faults=cancel+latency+preempt` as new, as no shipped
+    scenario reproduced that route. abort-during-load now does (an xfail on vllm-cpu whose mark is
+    that assert): the same run is known by its mark and the parts of the stack it faulted (the
+    engine-LMCache link, a cancel); without the assert in the engine's log, or on the reference
+    stack, it is not."""
+    from chaos.explore.generate import generate, stack_offer, write_scenario
+
+    stack = REPO / "compose" / "vllm-cpu.yml"
+    ran = load_scenario(write_scenario(generate(stack_offer(stack), 4102, 16), tmp_path / "gen"))
+    targets = fault_targets(ran, stack)
+    assert {"kind:cancel", "link:engine-lmcache"} <= targets
+    known = known_findings([REPO / "scenarios"])
+    finding = next(k for k in known if k.name == "abort-during-load")
+    assert finding.stacks == ("vllm-cpu",) and finding.targets == {"kind:cancel", "link:engine-lmcache"}
+    sig = Signature(("liveness",), "", ("cancel", "latency", "preempt"))
+
+    def logs(text: str):
+        return lambda service: text if service == "engine" else ""
+
+    hit = match_known(sig, known, planted_bugs=False, stack="vllm-cpu", logs=logs(_VLLM_ABORT_CRASH), targets=targets)
+    assert hit is not None and hit.name == "abort-during-load"
+    assert match_known(sig, known, planted_bugs=False, stack="vllm-cpu", logs=logs(""), targets=targets) is None
+    assert match_known(sig, known, planted_bugs=False, stack="reference", logs=logs(_VLLM_ABORT_CRASH),
+                       targets=targets) is None

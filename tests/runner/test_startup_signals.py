@@ -149,3 +149,28 @@ def test_a_signal_while_the_suite_prepares_a_run_names_that_stage(tmp_path, monk
     assert suite["interrupted"]["stage"] == "preparing smoke"
     assert [r["verdict"] for r in suite["runs"]] == ["interrupted"], suite["runs"]
     assert not (info.value.suite_dir / "stacks").exists()
+
+
+def test_the_judge_lets_a_run_that_ended_before_the_signal_keep_its_verdict(tmp_path):
+    """A suite of two runs, the first passed before the signal met the second: the judge asks
+    `interrupted` of the run the signal met only (it used to ask it of every run, so a
+    multi-scenario --scenario folder failed every case whose signal came after the first run).
+    A run the signal met that says otherwise, a run after an interrupted one that says
+    otherwise, and a missing result.json are still problems."""
+    def suite(*verdicts):
+        runs = []
+        for verdict in verdicts:
+            run_dir = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+            run_dir.mkdir()
+            if verdict is not None:
+                (run_dir / "result.json").write_text(json.dumps({"verdict": verdict}))
+            runs.append({"run_dir": run_dir.name})
+        return runs
+
+    assert startup_signals.run_problems(tmp_path, suite("passed", "interrupted")) == []
+    assert startup_signals.run_problems(tmp_path, suite("interrupted")) == []
+    assert startup_signals.run_problems(tmp_path, []) == ["no run report"]
+    assert any("the run the signal met" in p for p in startup_signals.run_problems(tmp_path, suite("interrupted", "passed")))
+    assert any("after an interrupted run" in p
+               for p in startup_signals.run_problems(tmp_path, suite("interrupted", "failed", "interrupted")))
+    assert any("no result.json" in p for p in startup_signals.run_problems(tmp_path, suite("passed", None)))

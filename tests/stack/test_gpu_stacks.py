@@ -37,7 +37,7 @@ runner = CliRunner()
 #: Triggers on the reference engine's own kvchaos_engine_* counters are `only_with:
 #: engine.kvchaos_metrics` next to a portable condition (LMCache's client adapter log lines in
 #: the engine log, vLLM's names, LMCache's own metrics), so they block nothing there.
-#: abort-during-lookup, retrieve-fail-after-lookup and load-fail-policy-fail run there through
+#: abort-during-lookup, abort-during-load, retrieve-fail-after-lookup and load-fail-policy-fail run there through
 #: their vLLM-native windows (faults gated by `only_with` / `unless_with`: a client disconnect
 #: while the link holds the lookup's answer; the link held and LMCache frozen after the lookups,
 #: with the fail policy for load-fail-policy-fail).

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "compose" / "vllm-cpu.yml"
 CATALOGUE = REPO / "scenarios"
 #: What the real vLLM cannot run today and the capability each names (as on the GPU stack).
-# abort-during-lookup, retrieve-fail-after-lookup and load-fail-policy-fail run there in a
+# abort-during-lookup, abort-during-load, retrieve-fail-after-lookup and load-fail-policy-fail run there in a
 # vLLM-native form (fault-level unless_with: docs/vllm-cpu.md, "The whole catalogue on vllm-cpu").
 NOT_RUNNABLE = {
     "retrieve-dropped-slow-link": "engine.hooks.stall",
